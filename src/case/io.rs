@@ -1,0 +1,434 @@
+//! Corpus files: a case as JSON (`format_version`, provenance, expected verdict, the
+//! case), with tensors inline as hex when small and in a sibling `.safetensors` file
+//! when large. The saved case is the source of truth for replay; the seed in the
+//! provenance is only a hint (strategies change, saved cases do not).
+//!
+//! Loading never trusts the file: sizes are checked before anything is allocated from
+//! them, and every error names the file and the field.
+
+use super::{BlockTable, Case, ContextLens, Shape, SparseKvCache, ValueLayout};
+use crate::fp8::Fp8Format;
+use crate::oracle::Class;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+pub const FORMAT_VERSION: u32 = 1;
+/// Tensors up to this many bytes stay inline in the JSON.
+pub const INLINE_LIMIT: usize = 64 * 1024;
+/// Largest corpus JSON file we read.
+pub const MAX_JSON_BYTES: u64 = 256 << 20;
+/// Largest sibling safetensors file we read.
+pub const MAX_TENSOR_BYTES: u64 = 4 << 30;
+
+/// Where a saved case came from.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Provenance {
+    /// mqa-fuzz version that wrote the file.
+    #[serde(default)]
+    pub tool_version: String,
+    /// Kernel that failed (or `hand-made`).
+    #[serde(default)]
+    pub kernel: String,
+    #[serde(default)]
+    pub profile: Option<String>,
+    /// Seed of the generated case before shrinking.
+    #[serde(default)]
+    pub seed: Option<u64>,
+    #[serde(default)]
+    pub shrunk: bool,
+    /// Deduplication signature (kernel, class, axis fingerprint).
+    #[serde(default)]
+    pub signature: Option<String>,
+    /// Seconds since the Unix epoch.
+    #[serde(default)]
+    pub created_unix: Option<u64>,
+    #[serde(default)]
+    pub note: Option<String>,
+    /// The generator recipe, when the case was generated.
+    #[serde(default)]
+    pub recipe: Option<serde_json::Value>,
+}
+
+/// What replaying the case is expected to show.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Expected {
+    /// Finding classes the original kernel produced; empty for a clean seed case.
+    #[serde(default)]
+    pub classes: Vec<Class>,
+}
+
+/// A corpus file in memory.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CaseFile {
+    pub provenance: Provenance,
+    pub expected: Expected,
+    pub case: Case,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {field}: {message}", path.display())]
+pub struct CaseFileError {
+    pub path: PathBuf,
+    pub field: String,
+    pub message: String,
+}
+
+fn ferr(path: &Path, field: impl Into<String>, message: impl Into<String>) -> CaseFileError {
+    CaseFileError {
+        path: path.to_path_buf(),
+        field: field.into(),
+        message: message.into(),
+    }
+}
+
+// ---- JSON shape -------------------------------------------------------------------
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileJson {
+    format_version: u32,
+    #[serde(default)]
+    provenance: Provenance,
+    #[serde(default)]
+    expected: Expected,
+    case: CaseJson,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CaseJson {
+    batch: usize,
+    next_n: usize,
+    heads: usize,
+    head_dim: usize,
+    block_size: usize,
+    layout: ValueLayout,
+    format: Fp8Format,
+    num_blocks: u64,
+    kv_block_stride: u64,
+    max_model_len: usize,
+    out_row_stride: usize,
+    context_lens: ContextLens,
+    block_table: BlockTable,
+    tensors: TensorsJson,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+enum TensorsJson {
+    /// Small tensors in the JSON itself.
+    Inline {
+        /// fp8 codes `[B,N,H,D]` as hex.
+        q: String,
+        /// `[B*N, H]`; numbers, or strings `nan`/`inf`/`-inf`/`0x7fc00001` for bit patterns.
+        weights: Vec<F32Json>,
+        /// Block id → block bytes as hex (`bs*D` codes then `bs` little-endian f32 scales).
+        kv_blocks: BTreeMap<String, String>,
+    },
+    /// A sibling safetensors file holding `q` (U8 `[B,N,H,D]`), `weights` (F32
+    /// `[B*N,H]`), `kv_block_ids` (I64 `[n]`) and `kv_blocks` (U8 `[n, bs*(D+4)]`).
+    Safetensors(String),
+}
+
+/// An f32 that survives JSON: finite values as numbers, the rest as strings.
+#[derive(Clone, Copy, Debug)]
+struct F32Json(f32);
+
+impl Serialize for F32Json {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let v = self.0;
+        if v.is_finite() {
+            s.serialize_f32(v)
+        } else if v == f32::INFINITY {
+            s.serialize_str("inf")
+        } else if v == f32::NEG_INFINITY {
+            s.serialize_str("-inf")
+        } else {
+            s.serialize_str(&format!("{:#010x}", v.to_bits()))
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for F32Json {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Repr {
+            Num(f64),
+            Str(String),
+        }
+        match Repr::deserialize(d)? {
+            Repr::Num(x) => Ok(F32Json(x as f32)),
+            Repr::Str(s) => match s.to_ascii_lowercase().as_str() {
+                "inf" | "+inf" | "infinity" => Ok(F32Json(f32::INFINITY)),
+                "-inf" | "-infinity" => Ok(F32Json(f32::NEG_INFINITY)),
+                "nan" => Ok(F32Json(f32::NAN)),
+                h if h.starts_with("0x") => u32::from_str_radix(&h[2..], 16)
+                    .map(|b| F32Json(f32::from_bits(b)))
+                    .map_err(|_| serde::de::Error::custom(format!("bad f32 bit pattern {s:?}"))),
+                _ => Err(serde::de::Error::custom(format!(
+                    "expected a number, \"nan\", \"inf\", \"-inf\" or \"0x...\" bits, got {s:?}"
+                ))),
+            },
+        }
+    }
+}
+
+pub(crate) fn to_hex(bytes: &[u8]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for &b in bytes {
+        s.push(HEX[(b >> 4) as usize] as char);
+        s.push(HEX[(b & 15) as usize] as char);
+    }
+    s
+}
+
+pub(crate) fn from_hex(s: &str) -> Result<Vec<u8>, String> {
+    let s = s.as_bytes();
+    if s.len() % 2 != 0 {
+        return Err(format!("hex string has odd length {}", s.len()));
+    }
+    let nib = |c: u8| -> Result<u8, String> {
+        match c {
+            b'0'..=b'9' => Ok(c - b'0'),
+            b'a'..=b'f' => Ok(c - b'a' + 10),
+            b'A'..=b'F' => Ok(c - b'A' + 10),
+            _ => Err(format!("invalid hex character {:?}", c as char)),
+        }
+    };
+    s.chunks(2).map(|p| Ok(nib(p[0])? << 4 | nib(p[1])?)).collect()
+}
+
+// ---- Load -------------------------------------------------------------------------
+
+/// Reads, parses and validates a corpus file (and its safetensors sibling).
+pub fn load_case_file(path: &Path) -> Result<CaseFile, CaseFileError> {
+    let meta = std::fs::metadata(path).map_err(|e| ferr(path, "file", e.to_string()))?;
+    if meta.len() > MAX_JSON_BYTES {
+        return Err(ferr(path, "file", format!("{} bytes is above the {MAX_JSON_BYTES}-byte limit", meta.len())));
+    }
+    let text = std::fs::read(path).map_err(|e| ferr(path, "file", e.to_string()))?;
+    if text.iter().all(|b| b.is_ascii_whitespace()) {
+        return Err(ferr(path, "file", "is empty"));
+    }
+    // Check the version before the full parse, so an unknown version gets a clear
+    // message instead of a field error from a format we do not know.
+    #[derive(Deserialize)]
+    struct VersionOnly {
+        format_version: Option<serde_json::Value>,
+    }
+    if let Ok(v) = serde_json::from_slice::<VersionOnly>(&text) {
+        match v.format_version {
+            None => return Err(ferr(path, "format_version", "is missing")),
+            Some(serde_json::Value::Number(n)) if n.as_u64() == Some(FORMAT_VERSION as u64) => {}
+            Some(other) => {
+                return Err(ferr(
+                    path,
+                    "format_version",
+                    format!("{other} is not supported (this mqa-fuzz reads version {FORMAT_VERSION})"),
+                ))
+            }
+        }
+    }
+    let de = &mut serde_json::Deserializer::from_slice(&text);
+    let parsed: FileJson = serde_path_to_error::deserialize(de).map_err(|e| {
+        let field = e.path().to_string();
+        let inner = e.into_inner();
+        let msg = if inner.is_eof() {
+            format!("file is truncated ({inner})")
+        } else {
+            inner.to_string()
+        };
+        ferr(path, if field == "." { "json".to_string() } else { field }, msg)
+    })?;
+    let case = case_from_json(path, parsed.case)?;
+    case.validate()
+        .map_err(|e| ferr(path, format!("case.{}", e.field), e.message))?;
+    Ok(CaseFile {
+        provenance: parsed.provenance,
+        expected: parsed.expected,
+        case,
+    })
+}
+
+fn case_from_json(path: &Path, c: CaseJson) -> Result<Case, CaseFileError> {
+    let shape = Shape {
+        batch: c.batch,
+        next_n: c.next_n,
+        heads: c.heads,
+        head_dim: c.head_dim,
+        block_size: c.block_size,
+        layout: c.layout,
+        format: c.format,
+    };
+    let mut case = Case {
+        shape,
+        num_blocks: c.num_blocks,
+        kv_block_stride: c.kv_block_stride,
+        context_lens: c.context_lens,
+        block_table: c.block_table,
+        max_model_len: c.max_model_len,
+        out_row_stride: c.out_row_stride,
+        q: Vec::new(),
+        weights: Vec::new(),
+        kv: SparseKvCache::default(),
+    };
+    // Shape limits first: nothing below allocates from an unchecked dimension.
+    super::validate::validate_shape_dims(&case).map_err(|e| ferr(path, format!("case.{}", e.field), e.message))?;
+    let bb = case.shape.block_bytes();
+    match c.tensors {
+        TensorsJson::Inline { q, weights, kv_blocks } => {
+            case.q = from_hex(&q).map_err(|m| ferr(path, "case.tensors.inline.q", m))?;
+            case.weights = weights.into_iter().map(|w| w.0).collect();
+            for (k, v) in kv_blocks {
+                let id: u64 = k.parse().map_err(|_| {
+                    ferr(path, format!("case.tensors.inline.kv_blocks.{k}"), "block id is not a non-negative integer")
+                })?;
+                let bytes = from_hex(&v).map_err(|m| ferr(path, format!("case.tensors.inline.kv_blocks.{k}"), m))?;
+                if bytes.len() != bb {
+                    return Err(ferr(
+                        path,
+                        format!("case.tensors.inline.kv_blocks.{k}"),
+                        format!("has {} bytes, block_size*(head_dim+4) is {bb}", bytes.len()),
+                    ));
+                }
+                case.kv.blocks.insert(id, bytes);
+            }
+        }
+        TensorsJson::Safetensors(rel) => {
+            let st_path = sibling(path, &rel).ok_or_else(|| {
+                ferr(path, "case.tensors.safetensors", format!("{rel:?} must be a plain file name beside the JSON"))
+            })?;
+            load_tensors(&st_path, &mut case)?;
+        }
+    }
+    Ok(case)
+}
+
+fn sibling(json_path: &Path, rel: &str) -> Option<PathBuf> {
+    let p = Path::new(rel);
+    if p.components().count() != 1 || p.is_absolute() || rel.contains("..") {
+        return None;
+    }
+    Some(json_path.parent().unwrap_or(Path::new(".")).join(p))
+}
+
+fn load_tensors(path: &Path, case: &mut Case) -> Result<(), CaseFileError> {
+    use safetensors::{Dtype, SafeTensors};
+    let meta = std::fs::metadata(path).map_err(|e| ferr(path, "file", e.to_string()))?;
+    if meta.len() > MAX_TENSOR_BYTES {
+        return Err(ferr(path, "file", format!("{} bytes is above the {MAX_TENSOR_BYTES}-byte limit", meta.len())));
+    }
+    let bytes = std::fs::read(path).map_err(|e| ferr(path, "file", e.to_string()))?;
+    let st = SafeTensors::deserialize(&bytes).map_err(|e| ferr(path, "header", e.to_string()))?;
+    let get = |name: &str, dtype: Dtype| -> Result<(Vec<usize>, &[u8]), CaseFileError> {
+        let t = st.tensor(name).map_err(|_| ferr(path, name, "tensor is missing"))?;
+        if t.dtype() != dtype {
+            return Err(ferr(path, name, format!("dtype is {:?}, expected {dtype:?}", t.dtype())));
+        }
+        Ok((t.shape().to_vec(), t.data()))
+    };
+    let s = case.shape.clone();
+    let (shape, q) = get("q", Dtype::U8)?;
+    if shape != [s.batch, s.next_n, s.heads, s.head_dim] {
+        return Err(ferr(path, "q", format!("shape {shape:?}, expected [{}, {}, {}, {}]", s.batch, s.next_n, s.heads, s.head_dim)));
+    }
+    case.q = q.to_vec();
+    let (shape, w) = get("weights", Dtype::F32)?;
+    if shape != [s.rows(), s.heads] {
+        return Err(ferr(path, "weights", format!("shape {shape:?}, expected [{}, {}]", s.rows(), s.heads)));
+    }
+    case.weights = w.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+    let (id_shape, ids) = get("kv_block_ids", Dtype::I64)?;
+    let (blk_shape, blks) = get("kv_blocks", Dtype::U8)?;
+    let n = *id_shape.first().unwrap_or(&0);
+    if id_shape.len() != 1 || blk_shape != [n, s.block_bytes()] {
+        return Err(ferr(
+            path,
+            "kv_blocks",
+            format!("shape {blk_shape:?} with {id_shape:?} ids, expected [{n}, {}]", s.block_bytes()),
+        ));
+    }
+    for (k, id) in ids.chunks_exact(8).enumerate() {
+        let id = i64::from_le_bytes(id.try_into().unwrap());
+        if id < 0 {
+            return Err(ferr(path, format!("kv_block_ids[{k}]"), format!("{id} is negative")));
+        }
+        let bb = s.block_bytes();
+        case.kv.blocks.insert(id as u64, blks[k * bb..(k + 1) * bb].to_vec());
+    }
+    Ok(())
+}
+
+// ---- Save -------------------------------------------------------------------------
+
+/// Writes `path` (JSON) and, when the tensors are large, `<stem>.safetensors` beside
+/// it. Both are written atomically (temporary file, then rename), tensors first, so a
+/// reader never sees a JSON file whose tensors are missing or half-written.
+pub fn save_case_file(path: &Path, file: &CaseFile) -> std::io::Result<()> {
+    let c = &file.case;
+    let tensor_bytes = c.q.len() + 4 * c.weights.len() + c.kv.blocks.values().map(Vec::len).sum::<usize>();
+    let tensors = if tensor_bytes <= INLINE_LIMIT {
+        TensorsJson::Inline {
+            q: to_hex(&c.q),
+            weights: c.weights.iter().map(|&w| F32Json(w)).collect(),
+            kv_blocks: c.kv.blocks.iter().map(|(id, b)| (id.to_string(), to_hex(b))).collect(),
+        }
+    } else {
+        let st_name = format!(
+            "{}.safetensors",
+            path.file_stem().and_then(|s| s.to_str()).unwrap_or("case")
+        );
+        let st_path = path.with_file_name(&st_name);
+        crate::util::write_atomic(&st_path, &tensors_to_safetensors(c)?)?;
+        TensorsJson::Safetensors(st_name)
+    };
+    let s = &c.shape;
+    let json = FileJson {
+        format_version: FORMAT_VERSION,
+        provenance: file.provenance.clone(),
+        expected: file.expected.clone(),
+        case: CaseJson {
+            batch: s.batch,
+            next_n: s.next_n,
+            heads: s.heads,
+            head_dim: s.head_dim,
+            block_size: s.block_size,
+            layout: s.layout,
+            format: s.format,
+            num_blocks: c.num_blocks,
+            kv_block_stride: c.kv_block_stride,
+            max_model_len: c.max_model_len,
+            out_row_stride: c.out_row_stride,
+            context_lens: c.context_lens.clone(),
+            block_table: c.block_table.clone(),
+            tensors,
+        },
+    };
+    let mut text = serde_json::to_vec_pretty(&json).map_err(std::io::Error::other)?;
+    text.push(b'\n');
+    crate::util::write_atomic(path, &text)
+}
+
+/// The case's tensors as a safetensors blob (names as in [`TensorsJson::Safetensors`]).
+pub fn tensors_to_safetensors(c: &Case) -> std::io::Result<Vec<u8>> {
+    use safetensors::{tensor::TensorView, Dtype};
+    let s = &c.shape;
+    let w: Vec<u8> = c.weights.iter().flat_map(|w| w.to_le_bytes()).collect();
+    let ids: Vec<u8> = c.kv.blocks.keys().flat_map(|&id| (id as i64).to_le_bytes()).collect();
+    let blks: Vec<u8> = c.kv.blocks.values().flatten().copied().collect();
+    let n = c.kv.blocks.len();
+    let e = |e: safetensors::SafeTensorError| std::io::Error::other(e.to_string());
+    let views = vec![
+        ("q", TensorView::new(Dtype::U8, vec![s.batch, s.next_n, s.heads, s.head_dim], &c.q).map_err(e)?),
+        ("weights", TensorView::new(Dtype::F32, vec![s.rows(), s.heads], &w).map_err(e)?),
+        ("kv_block_ids", TensorView::new(Dtype::I64, vec![n], &ids).map_err(e)?),
+        ("kv_blocks", TensorView::new(Dtype::U8, vec![n, s.block_bytes()], &blks).map_err(e)?),
+    ];
+    safetensors::serialize(views, None).map_err(e)
+}
+

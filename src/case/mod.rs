@@ -1,0 +1,251 @@
+//! The case model: every input of the FP8 paged MQA logits operation (DESIGN §1).
+//!
+//! A [`Case`] is plain data: shapes, lengths, the block table, the query, the weights
+//! and a *sparse* KV cache that holds only the blocks the table references, keyed by
+//! physical block id. That is what lets a case describe a cache of many GiB (block ids
+//! whose byte offsets pass 2^31 and 2^32) while holding a few MiB on the host.
+
+mod io;
+mod validate;
+
+pub use io::{load_case_file, save_case_file, CaseFile, CaseFileError, Provenance, FORMAT_VERSION};
+pub use validate::{CaseError, MAX_NEXT_N};
+
+use crate::fp8::Fp8Format;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Where values sit inside a block (DESIGN §1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ValueLayout {
+    /// Token `p`, dim `d` at `p*D + d`.
+    Normal,
+    /// AMD preshuffle: 16x16 tiles, `(p/16)*16*D + (d/16)*256 + (p%16)*16 + d%16`.
+    Shuffle16,
+}
+
+impl ValueLayout {
+    pub const ALL: [ValueLayout; 2] = [ValueLayout::Normal, ValueLayout::Shuffle16];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ValueLayout::Normal => "normal",
+            ValueLayout::Shuffle16 => "shuffle16",
+        }
+    }
+
+    /// Byte offset of token slot `p`, dim `d` inside a block's value area.
+    #[inline]
+    pub fn value_offset(self, head_dim: usize, p: usize, d: usize) -> usize {
+        match self {
+            ValueLayout::Normal => p * head_dim + d,
+            ValueLayout::Shuffle16 => {
+                (p / 16) * 16 * head_dim + (d / 16) * 256 + (p % 16) * 16 + d % 16
+            }
+        }
+    }
+}
+
+/// Where the per-token KV scale is applied. Identical for positive scales.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ScalePlacement {
+    /// DeepGEMM: `s * Σ_h w_h * relu(q·k)`.
+    AfterReluSum,
+    /// AITER: `Σ_h w_h * relu(s * q·k)`.
+    InsideRelu,
+}
+
+impl ScalePlacement {
+    pub fn name(self) -> &'static str {
+        match self {
+            ScalePlacement::AfterReluSum => "after_relu_sum",
+            ScalePlacement::InsideRelu => "inside_relu",
+        }
+    }
+}
+
+/// Context lengths: one per sequence (1-D) or one per query token (2-D).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ContextLens {
+    /// `[B]`: row `b*N+i` sees tokens `0..=ctx[b]-N+i`.
+    PerSequence(Vec<i64>),
+    /// `[B][N]`: row `b*N+i` sees tokens `0..ctx[b][i]`.
+    PerToken(Vec<Vec<i64>>),
+}
+
+impl ContextLens {
+    pub fn is_2d(&self) -> bool {
+        matches!(self, ContextLens::PerToken(_))
+    }
+}
+
+/// The block table `[B, max_blocks]`, stored with its row stride (which may exceed
+/// `max_blocks`). Entries past a sequence's used blocks are padding.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlockTable {
+    pub max_blocks: usize,
+    pub row_stride: usize,
+    /// `B * row_stride` entries, row-major.
+    pub entries: Vec<i64>,
+}
+
+impl BlockTable {
+    #[inline]
+    pub fn get(&self, b: usize, j: usize) -> i64 {
+        self.entries[b * self.row_stride + j]
+    }
+}
+
+/// The shape and encoding of a case.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Shape {
+    /// B: sequences.
+    pub batch: usize,
+    /// N: query tokens per sequence (1 + speculative tokens).
+    pub next_n: usize,
+    /// H: index heads.
+    pub heads: usize,
+    /// D: head dimension.
+    pub head_dim: usize,
+    /// Tokens per KV block.
+    pub block_size: usize,
+    pub layout: ValueLayout,
+    pub format: Fp8Format,
+}
+
+impl Shape {
+    pub fn rows(&self) -> usize {
+        self.batch * self.next_n
+    }
+    /// Bytes of one block's contents: `bs*D` fp8 codes then `bs` f32 scales.
+    pub fn block_bytes(&self) -> usize {
+        self.block_size * (self.head_dim + 4)
+    }
+}
+
+/// The host copy of the KV cache: only referenced blocks, keyed by physical id. Each
+/// block holds exactly `Shape::block_bytes()` bytes (stride padding is not stored).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SparseKvCache {
+    pub blocks: BTreeMap<u64, Vec<u8>>,
+}
+
+/// One complete test case of the operation.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Case {
+    pub shape: Shape,
+    /// Blocks in the full (device) cache.
+    pub num_blocks: u64,
+    /// Bytes from one block to the next (≥ `block_bytes`, multiple of 4).
+    pub kv_block_stride: u64,
+    pub context_lens: ContextLens,
+    pub block_table: BlockTable,
+    /// Output columns.
+    pub max_model_len: usize,
+    /// Output row stride in elements (≥ `max_model_len`).
+    pub out_row_stride: usize,
+    /// fp8 codes `[B, N, H, D]`.
+    pub q: Vec<u8>,
+    /// `[B*N, H]`.
+    pub weights: Vec<f32>,
+    pub kv: SparseKvCache,
+}
+
+impl Case {
+    pub fn rows(&self) -> usize {
+        self.shape.rows()
+    }
+
+    /// Bytes of the full device cache: `num_blocks * kv_block_stride`.
+    pub fn kv_cache_bytes(&self) -> u64 {
+        self.num_blocks.saturating_mul(self.kv_block_stride)
+    }
+
+    /// Bytes of the full output buffer (`rows * out_row_stride * 4`).
+    pub fn output_bytes(&self) -> u64 {
+        (self.rows() as u64)
+            .saturating_mul(self.out_row_stride as u64)
+            .saturating_mul(4)
+    }
+
+    /// Length of the valid set V(r) of row `r = b*N + i`: positions `0..valid_len(r)`.
+    /// This is exactly what the downstream top-k reads.
+    pub fn valid_len(&self, r: usize) -> usize {
+        let n = self.shape.next_n;
+        let (b, i) = (r / n, r % n);
+        match &self.context_lens {
+            ContextLens::PerSequence(c) => (c[b] - n as i64 + i as i64 + 1).max(0) as usize,
+            ContextLens::PerToken(c) => c[b][i].max(0) as usize,
+        }
+    }
+
+    /// Tokens of sequence `b` a kernel must read (the largest valid length of its rows;
+    /// for 1-D lengths that is `ctx[b]`).
+    pub fn seq_tokens(&self, b: usize) -> usize {
+        match &self.context_lens {
+            ContextLens::PerSequence(c) => c[b].max(0) as usize,
+            ContextLens::PerToken(c) => c[b].iter().copied().max().unwrap_or(0).max(0) as usize,
+        }
+    }
+
+    /// Blocks of the table row `b` that hold tokens.
+    pub fn blocks_used(&self, b: usize) -> usize {
+        self.seq_tokens(b).div_ceil(self.shape.block_size)
+    }
+
+    /// Physical block and slot of token `t` of sequence `b`.
+    #[inline]
+    pub fn token_location(&self, b: usize, t: usize) -> (u64, usize) {
+        let bs = self.shape.block_size;
+        (self.block_table.get(b, t / bs) as u64, t % bs)
+    }
+
+    /// The stored bytes of a referenced block (validation guarantees presence).
+    #[inline]
+    pub fn block(&self, id: u64) -> &[u8] {
+        &self.kv.blocks[&id]
+    }
+
+    /// fp8 code of slot `p`, dim `d` of a block's bytes.
+    #[inline]
+    pub fn k_code(&self, block: &[u8], p: usize, d: usize) -> u8 {
+        block[self.shape.layout.value_offset(self.shape.head_dim, p, d)]
+    }
+
+    /// Scale of slot `p` of a block's bytes.
+    #[inline]
+    pub fn k_scale(&self, block: &[u8], p: usize) -> f32 {
+        let off = self.shape.block_size * self.shape.head_dim + 4 * p;
+        f32::from_le_bytes(block[off..off + 4].try_into().unwrap())
+    }
+
+    /// The `D` query codes of sequence `b`, token `i`, head `h`.
+    #[inline]
+    pub fn q_codes(&self, b: usize, i: usize, h: usize) -> &[u8] {
+        let s = &self.shape;
+        let off = ((b * s.next_n + i) * s.heads + h) * s.head_dim;
+        &self.q[off..off + s.head_dim]
+    }
+
+    #[inline]
+    pub fn weight(&self, r: usize, h: usize) -> f32 {
+        self.weights[r * self.shape.heads + h]
+    }
+
+    /// Total valid logits over all rows.
+    pub fn valid_elements(&self) -> u64 {
+        (0..self.rows()).map(|r| self.valid_len(r) as u64).sum()
+    }
+
+    /// Writes the key of token slot `p` (codes and scale) into a block's bytes.
+    pub fn write_token(shape: &Shape, block: &mut [u8], p: usize, codes: &[u8], scale: f32) {
+        for (d, &c) in codes.iter().enumerate() {
+            block[shape.layout.value_offset(shape.head_dim, p, d)] = c;
+        }
+        let off = shape.block_size * shape.head_dim + 4 * p;
+        block[off..off + 4].copy_from_slice(&scale.to_le_bytes());
+    }
+}

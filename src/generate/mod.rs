@@ -1,0 +1,8 @@
+//! Generation: proptest strategies over recipes, per profile, edge-biased toward the
+//! places kernels have broken (DESIGN §3). A recipe materializes into a [`Case`].
+//!
+//! [`Case`]: crate::case::Case
+
+pub mod recipe;
+
+pub use recipe::{LensRecipe, OffsetClass, Padding, Recipe, TableOrder, ValueKind};

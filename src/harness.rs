@@ -1,0 +1,136 @@
+//! Runs one case on one kernel and judges it: the unit of work of every command.
+//!
+//! The harness owns the output buffer (poisoned, guarded), computes the reference once
+//! per scale placement and case, and hands both to the oracle.
+
+use crate::case::{Case, ScalePlacement};
+use crate::kernel::{Kernel, OutputBuffer};
+use crate::oracle::{self, OracleConfig, Verdict};
+use crate::reference::{self, Reference, RowSelection};
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+/// References of one case, computed on first use for each placement.
+pub struct ReferenceCache<'a> {
+    case: &'a Case,
+    selection: RowSelection,
+    by_placement: HashMap<ScalePlacement, Reference>,
+    /// Time spent computing references.
+    pub time: Duration,
+}
+
+impl<'a> ReferenceCache<'a> {
+    pub fn new(case: &'a Case) -> Self {
+        Self::with_selection(case, RowSelection::All)
+    }
+
+    pub fn with_selection(case: &'a Case, selection: RowSelection) -> Self {
+        ReferenceCache { case, selection, by_placement: HashMap::new(), time: Duration::ZERO }
+    }
+
+    pub fn get(&mut self, placement: ScalePlacement) -> &Reference {
+        if !self.by_placement.contains_key(&placement) {
+            let start = Instant::now();
+            // Positive finite scales make both placements identical: share the work.
+            let other = match placement {
+                ScalePlacement::AfterReluSum => ScalePlacement::InsideRelu,
+                ScalePlacement::InsideRelu => ScalePlacement::AfterReluSum,
+            };
+            let r = match self.by_placement.get(&other) {
+                Some(r) if scales_positive(self.case) => Reference { placement, rows: r.rows.clone() },
+                _ => reference::compute(self.case, placement, &self.selection),
+            };
+            self.time += start.elapsed();
+            self.by_placement.insert(placement, r);
+        }
+        &self.by_placement[&placement]
+    }
+}
+
+fn scales_positive(case: &Case) -> bool {
+    let s = &case.shape;
+    case.kv.blocks.values().all(|b| {
+        (0..s.block_size).all(|p| {
+            let x = case.k_scale(b, p);
+            x.is_finite() && x > 0.0
+        })
+    })
+}
+
+/// One judged run, with the kernel's output kept for pictures and comparisons.
+pub struct Judged {
+    pub verdict: Verdict,
+    pub output: Option<OutputBuffer>,
+    pub wall: Duration,
+}
+
+/// Runs `case` on `kernel` and judges the result.
+pub fn run_and_judge(kernel: &dyn Kernel, case: &Case, refs: &mut ReferenceCache, cfg: &OracleConfig) -> Judged {
+    let caps = kernel.capabilities();
+    let start = Instant::now();
+    if let Some(why) = caps.rejects(case) {
+        let verdict = Verdict { skipped: Some(why), ..Default::default() };
+        return Judged { verdict, output: None, wall: start.elapsed() };
+    }
+    let mut out = OutputBuffer::for_case(case);
+    let result = kernel.run(case, &mut out);
+    let wall = start.elapsed();
+    let reference = refs.get(caps.scale_placement);
+    let verdict = match &result {
+        Ok(info) => oracle::judge(case, reference, caps, Ok((info, &out)), cfg),
+        Err(e) => oracle::judge(case, reference, caps, Err(e), cfg),
+    };
+    let output = matches!(result, Ok(_)).then_some(out);
+    Judged { verdict, output, wall }
+}
+
+/// Whether a run error should stop everything (environment) rather than be judged.
+pub fn is_environment(v: &Verdict) -> bool {
+    v.skipped.is_some() && v.classes.is_empty()
+}
+
+/// Compares two kernels' outputs over V(r): elements where they differ by more than
+/// both bounds together (`divergent`). Both must have run cleanly enough to compare.
+pub fn divergence(case: &Case, a: (&dyn Kernel, &OutputBuffer), b: (&dyn Kernel, &OutputBuffer)) -> Option<String> {
+    let ba = oracle::ErrorBound::for_kernel(a.0.capabilities().accumulation, &case.shape);
+    let bb = oracle::ErrorBound::for_kernel(b.0.capabilities().accumulation, &case.shape);
+    let placement_a = a.0.capabilities().scale_placement;
+    for r in 0..case.rows() {
+        let len = case.valid_len(r);
+        for t in 0..len {
+            let (x, y) = (a.1.get(r, t), b.1.get(r, t));
+            if x.to_bits() == y.to_bits() {
+                continue;
+            }
+            let both_finite = x.is_finite() && y.is_finite();
+            let differ = if both_finite {
+                let (_, m, abs) = reference::element(case, placement_a, r, t);
+                ((x - y).abs() as f64) > ba.full(m, abs) + bb.full(m, abs)
+            } else {
+                !(x.is_nan() && y.is_nan())
+            };
+            if differ {
+                return Some(format!(
+                    "{} and {} disagree at row {r} position {t}: {} vs {}",
+                    a.0.name(),
+                    b.0.name(),
+                    oracle::show_f32(x),
+                    oracle::show_f32(y)
+                ));
+            }
+        }
+    }
+    None
+}
+
+/// Classes a verdict counts as findings for the exit code.
+pub fn has_findings(v: &Verdict) -> bool {
+    !v.classes.is_empty()
+}
+
+/// Convenience for tests: run and judge with a fresh reference.
+pub fn judge_once(kernel: &dyn Kernel, case: &Case) -> Verdict {
+    let mut refs = ReferenceCache::new(case);
+    run_and_judge(kernel, case, &mut refs, &OracleConfig::default()).verdict
+}
+

@@ -1,0 +1,375 @@
+//! `cpu:chunked`: the production algorithm of the paged MQA logits kernels, on the CPU.
+//!
+//! Like DeepGEMM and AITER it (1) splits every sequence into ChunkK=256-token chunks,
+//! (2) builds a split-KV schedule that hands each of a fixed number of workers ("SMs")
+//! a contiguous range of (sequence, chunk) items, (3) computes each item with f32
+//! accumulation, and (4) stores whole chunks: a value for positions in V(r), -inf for
+//! masked positions inside the chunk, nothing past the last chunk and nothing past
+//! `max_model_len`. The planted bugs ([`Plant`]) are small edits of exactly this code.
+
+use crate::case::{Case, ContextLens, ScalePlacement};
+use crate::fp8::Fp8Format;
+use crate::kernel::cpu::DeviceView;
+use crate::kernel::{Capabilities, Kernel, OutputBuffer, RunError, RunInfo};
+use rayon::prelude::*;
+use std::time::Instant;
+
+/// Tokens per chunk (DeepGEMM's split size; AITER's default ChunkK).
+pub const CHUNK_K: usize = 256;
+/// Workers of the split-KV schedule.
+pub const SCHEDULE_SMS: usize = 8;
+
+/// A planted bug: one realistic edit of the chunked kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Plant {
+    TailUnwritten,
+    Offset32Kv,
+    Offset32Out,
+    MaskOffByOne,
+    Ctx2dIgnored,
+    TablePaddingRead,
+    ZeroBatch,
+    FnuzAsFn,
+    ScaleBeforeRelu,
+    SplitBoundaryDrop,
+    ShortRowSkipped,
+    StorePastEnd,
+}
+
+impl Plant {
+    pub const ALL: [Plant; 12] = [
+        Plant::TailUnwritten,
+        Plant::Offset32Kv,
+        Plant::Offset32Out,
+        Plant::MaskOffByOne,
+        Plant::Ctx2dIgnored,
+        Plant::TablePaddingRead,
+        Plant::ZeroBatch,
+        Plant::FnuzAsFn,
+        Plant::ScaleBeforeRelu,
+        Plant::SplitBoundaryDrop,
+        Plant::ShortRowSkipped,
+        Plant::StorePastEnd,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Plant::TailUnwritten => "tail-unwritten",
+            Plant::Offset32Kv => "offset32-kv",
+            Plant::Offset32Out => "offset32-out",
+            Plant::MaskOffByOne => "mask-off-by-one",
+            Plant::Ctx2dIgnored => "ctx2d-ignored",
+            Plant::TablePaddingRead => "table-padding-read",
+            Plant::ZeroBatch => "zero-batch",
+            Plant::FnuzAsFn => "fnuz-as-fn",
+            Plant::ScaleBeforeRelu => "scale-before-relu",
+            Plant::SplitBoundaryDrop => "split-boundary-drop",
+            Plant::ShortRowSkipped => "short-row-skipped",
+            Plant::StorePastEnd => "store-past-end",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Plant> {
+        Plant::ALL.into_iter().find(|p| p.name() == s)
+    }
+
+    /// The real-world failure this reproduces.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Plant::TailUnwritten => "chunk count rounds down: the partial last chunk of each sequence is never stored",
+            Plant::Offset32Kv => "block_id * kv_block_stride in 32 bits: blocks past 4 GiB wrap to unrelated (poisoned) bytes (AITER PR #4774)",
+            Plant::Offset32Out => "output byte offset row*stride*4 in int32: rows past 2 GiB store to a wild address (AITER #4244)",
+            Plant::MaskOffByOne => "causal mask for MTP uses < instead of <=: the last valid position of every row is -inf when next_n > 1",
+            Plant::Ctx2dIgnored => "reads one length per sequence (context_lens[b] of the flattened [B,N] array), ignoring per-token lengths",
+            Plant::TablePaddingRead => "loads block-table entries for the whole last chunk, padding included; -1 or huge ids fault",
+            Plant::ZeroBatch => "an all-zero batch (B a multiple of 32) gets the sentinel schedule item, which stores into row B*N (DeepGEMM #353/#344)",
+            Plant::FnuzAsFn => "decodes e4m3fnuz data with the e4m3fn table (values doubled, 0x80 read as -0)",
+            Plant::ScaleBeforeRelu => "declares scale after the relu/head sum but applies it inside the relu (differs for negative scales)",
+            Plant::SplitBoundaryDrop => "split-KV: a worker whose range starts mid-sequence skips its first chunk",
+            Plant::ShortRowSkipped => "schedule drops sequences with context length < next_n, though their last rows have valid positions",
+            Plant::StorePastEnd => "chunk store masks with t <= max_model_len: one element written past the end of each full row",
+        }
+    }
+}
+
+pub struct ChunkedKernel {
+    name: String,
+    plant: Option<Plant>,
+    /// Plain loop over V(r) instead of chunks and schedule.
+    naive: bool,
+    caps: Capabilities,
+}
+
+impl ChunkedKernel {
+    pub fn new(plant: Option<Plant>) -> Self {
+        let name = match plant {
+            None => "cpu:chunked".to_string(),
+            Some(p) => format!("cpu:bug-{}", p.name()),
+        };
+        ChunkedKernel { name, plant, naive: false, caps: Capabilities::everything(ScalePlacement::AfterReluSum) }
+    }
+
+    pub fn naive() -> Self {
+        ChunkedKernel { name: "cpu:naive".into(), plant: None, naive: true, caps: Capabilities::everything(ScalePlacement::AfterReluSum) }
+    }
+
+    fn has(&self, p: Plant) -> bool {
+        self.plant == Some(p)
+    }
+
+    /// V(r) length as this kernel believes it.
+    fn believed_len(&self, case: &Case, r: usize) -> usize {
+        let n = case.shape.next_n;
+        let (b, i) = (r / n, r % n);
+        if self.has(Plant::Ctx2dIgnored) {
+            if let ContextLens::PerToken(c) = &case.context_lens {
+                let flat = c[b / n][b % n]; // context_lens[b] of the flattened [B, N] array
+                return (flat - n as i64 + i as i64 + 1).max(0) as usize;
+            }
+        }
+        let len = case.valid_len(r);
+        if self.has(Plant::MaskOffByOne) && n > 1 {
+            return len.saturating_sub(1);
+        }
+        len
+    }
+
+    /// Tokens of sequence `b` the schedule covers.
+    fn believed_seq_tokens(&self, case: &Case, b: usize) -> usize {
+        let n = case.shape.next_n;
+        if self.has(Plant::Ctx2dIgnored) && case.context_lens.is_2d() {
+            return (0..n).map(|i| self.believed_len(case, b * n + i)).max().unwrap_or(0);
+        }
+        case.seq_tokens(b)
+    }
+
+    /// The split-KV schedule: work items `(sequence, chunk)` and the worker of each.
+    fn schedule(&self, case: &Case) -> Vec<(usize, usize, usize)> {
+        let s = &case.shape;
+        let mut items = Vec::new();
+        for b in 0..s.batch {
+            let tokens = self.believed_seq_tokens(case, b);
+            if self.has(Plant::ShortRowSkipped) && tokens < s.next_n {
+                continue;
+            }
+            let chunks = if self.has(Plant::TailUnwritten) { tokens / CHUNK_K } else { tokens.div_ceil(CHUNK_K) };
+            items.extend((0..chunks).map(|c| (b, c)));
+        }
+        if items.is_empty() && self.has(Plant::ZeroBatch) && s.batch % 32 == 0 {
+            // The scheduler's search runs off the end and worker 0 gets the sentinel.
+            return vec![(s.batch, 0, 0)];
+        }
+        let per_sm = items.len().div_ceil(SCHEDULE_SMS).max(1);
+        let mut out = Vec::with_capacity(items.len());
+        for (k, (b, c)) in items.iter().copied().enumerate() {
+            let sm = k / per_sm;
+            let starts_range = k % per_sm == 0;
+            if self.has(Plant::SplitBoundaryDrop) && sm > 0 && starts_range && c > 0 {
+                continue;
+            }
+            out.push((b, c, sm));
+        }
+        out
+    }
+}
+
+/// A decoded key: D values and the scale.
+struct Key {
+    k: Vec<f32>,
+    scale: f32,
+}
+
+impl ChunkedKernel {
+    fn table(&self, case: &Case) -> &'static [f32; 256] {
+        if self.has(Plant::FnuzAsFn) {
+            Fp8Format::E4m3fn.table()
+        } else {
+            case.shape.format.table()
+        }
+    }
+
+    /// Reads the key of token `t` of sequence `b` the way this kernel addresses memory.
+    fn load_key(&self, case: &Case, dev: &DeviceView, b: usize, t: usize) -> Result<Key, RunError> {
+        let s = &case.shape;
+        let table = self.table(case);
+        let bs = s.block_size;
+        let j = t / bs;
+        let p = t % bs;
+        let idx = b * case.block_table.row_stride + j;
+        let id = *case.block_table.entries.get(idx).ok_or_else(|| {
+            RunError::Crash(format!("illegal address: block_table[{b}][{j}] is past the table"))
+        })?;
+        let stride = case.kv_block_stride;
+        let base: i64 = if self.has(Plant::Offset32Kv) {
+            (id as u32).wrapping_mul(stride as u32) as i64
+        } else {
+            id.wrapping_mul(stride as i64)
+        };
+        // The common case: a stored block at its true address. Anything else (wrapped
+        // offsets, padding ids, unreferenced blocks) goes through the device view.
+        let fast = id >= 0 && base == id * stride as i64 && case.kv.blocks.contains_key(&(id as u64));
+        if fast {
+            let block = case.block(id as u64);
+            let k = (0..s.head_dim).map(|d| table[case.k_code(block, p, d) as usize]).collect();
+            return Ok(Key { k, scale: case.k_scale(block, p) });
+        }
+        let fault = |what: &str| RunError::Crash(format!("illegal address: {what} of block id {id} (block_table[{b}][{j}]) at byte offset {base} of a {}-byte cache", dev.len()));
+        let mut k = Vec::with_capacity(s.head_dim);
+        for d in 0..s.head_dim {
+            let off = base + s.layout.value_offset(s.head_dim, p, d) as i64;
+            k.push(table[dev.byte(off).ok_or_else(|| fault("value"))? as usize]);
+        }
+        let scale = dev.f32_le(base + (bs * s.head_dim + 4 * p) as i64).ok_or_else(|| fault("scale"))?;
+        Ok(Key { k, scale })
+    }
+
+    /// The f32 logit of one row against one key. Eight partial sums per dot (any order
+    /// is within the f32 bound, and this one vectorizes).
+    fn logit(&self, q: &[f32], w: &[f32], key: &Key, head_dim: usize) -> f32 {
+        let inside = self.caps.scale_placement == ScalePlacement::InsideRelu || self.has(Plant::ScaleBeforeRelu);
+        let mut acc = 0f32;
+        for (h, &wh) in w.iter().enumerate() {
+            let qh = &q[h * head_dim..(h + 1) * head_dim];
+            let mut lanes = [0f32; 8];
+            for (qc, kc) in qh.chunks_exact(8).zip(key.k.chunks_exact(8)) {
+                for l in 0..8 {
+                    lanes[l] += qc[l] * kc[l];
+                }
+            }
+            let dot = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+            let x = if inside { dot * key.scale } else { dot };
+            acc += wh * relu32(x);
+        }
+        if inside {
+            acc
+        } else {
+            acc * key.scale
+        }
+    }
+
+    fn decoded_q(&self, case: &Case, r: usize) -> Vec<f32> {
+        let s = &case.shape;
+        let table = self.table(case);
+        let (b, i) = (r / s.next_n, r % s.next_n);
+        (0..s.heads).flat_map(|h| case.q_codes(b, i, h).iter().map(|&c| table[c as usize])).collect()
+    }
+
+    fn run_naive(&self, case: &Case, out: &mut OutputBuffer) -> Result<(), RunError> {
+        let s = &case.shape;
+        let dev = DeviceView::new(case);
+        let results: Vec<Result<Vec<f32>, RunError>> = (0..case.rows())
+            .into_par_iter()
+            .map(|r| {
+                let q = self.decoded_q(case, r);
+                let w = &case.weights[r * s.heads..(r + 1) * s.heads];
+                (0..case.valid_len(r))
+                    .map(|t| Ok(self.logit(&q, w, &self.load_key(case, &dev, r / s.next_n, t)?, s.head_dim)))
+                    .collect()
+            })
+            .collect();
+        for (r, row) in results.into_iter().enumerate() {
+            for (t, v) in row?.into_iter().enumerate() {
+                out.set(r, t, v);
+            }
+        }
+        Ok(())
+    }
+
+    fn run_chunked(&self, case: &Case, out: &mut OutputBuffer) -> Result<(), RunError> {
+        let s = &case.shape;
+        let n = s.next_n;
+        let dev = DeviceView::new(case);
+        let sched = self.schedule(case);
+        let qs: Vec<Vec<f32>> = (0..case.rows()).map(|r| self.decoded_q(case, r)).collect();
+        // Compute every item (in parallel, as the SMs would), then store.
+        let tiles: Vec<Result<Vec<f32>, RunError>> = sched
+            .par_iter()
+            .map(|&(b, c, _sm)| {
+                let mut tile = vec![f32::NEG_INFINITY; n * CHUNK_K];
+                if b >= s.batch {
+                    return Ok(tile); // sentinel item: masked everywhere
+                }
+                let lens: Vec<usize> = (0..n).map(|i| self.believed_len(case, b * n + i)).collect();
+                let seq_tokens = self.believed_seq_tokens(case, b);
+                let t0 = c * CHUNK_K;
+                for dt in 0..CHUNK_K {
+                    let t = t0 + dt;
+                    let needed = lens.iter().any(|&l| t < l);
+                    // The padding-reading mutant loads every key of the chunk it can
+                    // address through the table, before masking.
+                    let prefetch = self.has(Plant::TablePaddingRead) && t >= seq_tokens && t / s.block_size < case.block_table.max_blocks;
+                    if !needed && !prefetch {
+                        continue;
+                    }
+                    let key = self.load_key(case, &dev, b, t)?;
+                    for i in 0..n {
+                        if t < lens[i] {
+                            let r = b * n + i;
+                            tile[i * CHUNK_K + dt] = self.logit(&qs[r], &case.weights[r * s.heads..(r + 1) * s.heads], &key, s.head_dim);
+                        }
+                    }
+                }
+                Ok(tile)
+            })
+            .collect();
+        let (raw, base) = out.raw_mut();
+        let mml = case.max_model_len;
+        let end = if self.has(Plant::StorePastEnd) { mml + 1 } else { mml };
+        for (&(b, c, _), tile) in sched.iter().zip(tiles) {
+            let tile = tile?;
+            for i in 0..n {
+                let r = b * n + i;
+                for dt in 0..CHUNK_K {
+                    let t = c * CHUNK_K + dt;
+                    if t >= end {
+                        break;
+                    }
+                    let elem = (r * case.out_row_stride + t) as i64;
+                    let elem = if self.has(Plant::Offset32Out) { ((elem * 4) as i32 as i64) / 4 } else { elem };
+                    let at = base as i64 + elem;
+                    if at < 0 || at as usize >= raw.len() {
+                        return Err(RunError::Crash(format!(
+                            "illegal address: store of row {r} position {t} at element offset {elem} of a {}-element output",
+                            out_len(case)
+                        )));
+                    }
+                    raw[at as usize] = tile[i * CHUNK_K + dt];
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn out_len(case: &Case) -> usize {
+    case.rows() * case.out_row_stride
+}
+
+#[inline]
+fn relu32(x: f32) -> f32 {
+    if x > 0.0 || x.is_nan() {
+        x
+    } else {
+        0.0
+    }
+}
+
+impl Kernel for ChunkedKernel {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn capabilities(&self) -> &Capabilities {
+        &self.caps
+    }
+
+    fn run(&self, case: &Case, out: &mut OutputBuffer) -> Result<RunInfo, RunError> {
+        let start = Instant::now();
+        if self.naive {
+            self.run_naive(case, out)?;
+        } else {
+            self.run_chunked(case, out)?;
+        }
+        Ok(RunInfo { kernel_time: Some(start.elapsed()), inputs_intact: Some(true), device_bytes: None })
+    }
+}

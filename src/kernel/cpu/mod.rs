@@ -1,0 +1,49 @@
+//! CPU kernels: implementations of the production algorithm (`cpu:chunked`), a plain
+//! one (`cpu:naive`), and the planted bugs (`cpu:bug-*`) as variants of the chunked
+//! code, so each mutant lives in realistic code and fails through its real mechanism.
+
+mod chunked;
+mod device_view;
+
+pub use chunked::{ChunkedKernel, Plant};
+pub use device_view::{poison_byte, DeviceView};
+
+use super::{Kernel, KernelEntry};
+
+/// Every CPU kernel the registry lists.
+pub fn entries() -> Vec<KernelEntry> {
+    let mut v = vec![
+        KernelEntry {
+            name: "cpu:chunked".into(),
+            description: "production algorithm on the CPU: f32 accumulation, ChunkK=256 chunks, split-KV schedule, chunked stores with -inf masks".into(),
+            available: Ok(()),
+            planted_bug: false,
+        },
+        KernelEntry {
+            name: "cpu:naive".into(),
+            description: "plain f32 loop that writes exactly V(r)".into(),
+            available: Ok(()),
+            planted_bug: false,
+        },
+    ];
+    for p in Plant::ALL {
+        v.push(KernelEntry {
+            name: format!("cpu:bug-{}", p.name()),
+            description: format!("planted bug: {}", p.describe()),
+            available: Ok(()),
+            planted_bug: true,
+        });
+    }
+    v
+}
+
+pub fn open(name: &str) -> Option<Box<dyn Kernel>> {
+    match name {
+        "cpu:chunked" => Some(Box::new(ChunkedKernel::new(None))),
+        "cpu:naive" => Some(Box::new(ChunkedKernel::naive())),
+        _ => {
+            let bug = name.strip_prefix("cpu:bug-")?;
+            Plant::parse(bug).map(|p| Box::new(ChunkedKernel::new(Some(p))) as Box<dyn Kernel>)
+        }
+    }
+}

@@ -1,0 +1,103 @@
+//! The output buffer the harness owns: `rows x row_stride` f32 with guard zones before
+//! and after, every element poisoned with a NaN of a distinctive payload before the
+//! run. An element still holding exactly that bit pattern afterwards was never written;
+//! a guard or row-padding element that changed was written out of bounds.
+
+/// Quiet NaN with payload 0xC0FFEE: no arithmetic produces it (the canonical NaNs are
+/// 0x7FC00000 and 0xFFC00000), so surviving bits mean "never written".
+pub const POISON_BITS: u32 = 0x7FC0_FFEE;
+/// Guard elements on each side of the buffer.
+pub const GUARD_ELEMS: usize = 4096;
+
+#[derive(Clone, Debug)]
+pub struct OutputBuffer {
+    pub rows: usize,
+    pub row_stride: usize,
+    /// Columns that belong to the output (`max_model_len`).
+    pub cols: usize,
+    /// `GUARD_ELEMS + rows*row_stride + GUARD_ELEMS` elements.
+    data: Vec<f32>,
+}
+
+impl OutputBuffer {
+    /// A poisoned buffer for `rows x cols` with the given row stride.
+    pub fn new(rows: usize, cols: usize, row_stride: usize) -> Self {
+        assert!(row_stride >= cols);
+        let poison = f32::from_bits(POISON_BITS);
+        OutputBuffer {
+            rows,
+            row_stride,
+            cols,
+            data: vec![poison; 2 * GUARD_ELEMS + rows * row_stride],
+        }
+    }
+
+    pub fn for_case(case: &crate::case::Case) -> Self {
+        Self::new(case.rows(), case.max_model_len, case.out_row_stride)
+    }
+
+    /// Re-poisons every element (to reuse the allocation).
+    pub fn repoison(&mut self) {
+        let poison = f32::from_bits(POISON_BITS);
+        self.data.fill(poison);
+    }
+
+    #[inline]
+    pub fn get(&self, r: usize, t: usize) -> f32 {
+        self.data[GUARD_ELEMS + r * self.row_stride + t]
+    }
+
+    #[inline]
+    pub fn set(&mut self, r: usize, t: usize, v: f32) {
+        debug_assert!(t < self.row_stride);
+        self.data[GUARD_ELEMS + r * self.row_stride + t] = v;
+    }
+
+    /// Row `r`, columns `0..cols`.
+    pub fn row(&self, r: usize) -> &[f32] {
+        let o = GUARD_ELEMS + r * self.row_stride;
+        &self.data[o..o + self.cols]
+    }
+
+    /// The interior `rows*row_stride` elements, row-major (what a device copy fills).
+    pub fn interior(&self) -> &[f32] {
+        &self.data[GUARD_ELEMS..GUARD_ELEMS + self.rows * self.row_stride]
+    }
+
+    pub fn interior_mut(&mut self) -> &mut [f32] {
+        let n = self.rows * self.row_stride;
+        &mut self.data[GUARD_ELEMS..GUARD_ELEMS + n]
+    }
+
+    /// Rows as disjoint mutable slices of `row_stride` (for parallel kernels).
+    pub fn rows_mut(&mut self) -> std::slice::ChunksExactMut<'_, f32> {
+        let rs = self.row_stride.max(1);
+        self.interior_mut().chunks_exact_mut(rs)
+    }
+
+    /// The whole allocation including guards, and the index of element (0, 0) in it.
+    /// Only for kernels that model out-of-bounds writes (planted bugs, devices).
+    pub fn raw_mut(&mut self) -> (&mut [f32], usize) {
+        (&mut self.data, GUARD_ELEMS)
+    }
+
+    pub fn raw(&self) -> (&[f32], usize) {
+        (&self.data, GUARD_ELEMS)
+    }
+
+    /// Indices (into the raw allocation) of elements outside `[r][0..cols)` (guards and
+    /// row padding) whose bits changed.
+    pub fn out_of_bounds_writes(&self) -> Vec<usize> {
+        let changed = |k: &usize| self.data[*k].to_bits() != POISON_BITS;
+        let n = self.data.len();
+        let mut v: Vec<usize> = (0..GUARD_ELEMS).chain(n - GUARD_ELEMS..n).filter(changed).collect();
+        if self.row_stride > self.cols {
+            for r in 0..self.rows {
+                let o = GUARD_ELEMS + r * self.row_stride;
+                v.extend((o + self.cols..o + self.row_stride).filter(changed));
+            }
+        }
+        v.sort_unstable();
+        v
+    }
+}

@@ -1,0 +1,20 @@
+//! mqa-fuzz: a differential fuzzer for the FP8 paged MQA logits kernel of the
+//! DeepSeek V3.2/V4 sparse-attention indexer.
+//!
+//! The pipeline, one module per stage:
+//! generate (`generate`) → materialize (`case`) → run kernel (`kernel`) →
+//! reference (`reference`) → classify (`oracle`) → report (`report`).
+
+pub mod case;
+pub mod cli;
+pub mod error;
+pub mod fp8;
+pub mod generate;
+pub mod harness;
+pub mod kernel;
+pub mod oracle;
+pub mod reference;
+pub mod util;
+
+pub use case::{Case, ContextLens, ScalePlacement, Shape, ValueLayout};
+pub use fp8::Fp8Format;

@@ -1,0 +1,154 @@
+//! The exact reference (DESIGN §2).
+//!
+//! Every e4m3 value is an integer multiple of 2^-9 (fn) or 2^-10 (fnuz) below 2^9, so
+//! each product `q_d * k_d` is a multiple of 2^-20 below 2^18 and a sum of up to a few
+//! thousand of them fits in f64's 53 bits: the dot products below are **exact**, in any
+//! summation order. Only the final multiplies by weights and scale round (at 2^-53,
+//! far below any kernel's f32 error), so this is ground truth for the oracle.
+//!
+//! Besides the value, each element carries the magnitude terms of its error bound
+//! (see `oracle::ErrorBound`).
+
+use crate::case::{Case, ScalePlacement};
+use rayon::prelude::*;
+
+/// Reference values of one row, for positions `0..valid_len(r)`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RowReference {
+    /// Exact logit (f64 of the exact dots, then weights and scale).
+    pub value: Vec<f64>,
+    /// `Σ_h |w_h · relu_term_h|`, the magnitude the head sum and final multiplies round
+    /// against (`relu_term = |s|·relu(dot)` or `relu(s·dot)` by placement).
+    pub relu_mag: Vec<f64>,
+}
+
+/// The reference of a whole case, or of the rows that were selected.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Reference {
+    pub placement: ScalePlacement,
+    /// `None` for rows not computed (sampled verification).
+    pub rows: Vec<Option<RowReference>>,
+}
+
+/// Which rows to compute.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RowSelection {
+    All,
+    Rows(Vec<usize>),
+}
+
+/// ReLU that keeps NaN (Rust's `f64::max(NaN, 0)` would return 0 and hide it).
+#[inline]
+pub fn relu(x: f64) -> f64 {
+    if x > 0.0 {
+        x
+    } else if x.is_nan() {
+        x
+    } else {
+        0.0
+    }
+}
+
+/// Combines per-head exact dots into the logit and its relu magnitude.
+#[inline]
+pub fn combine(placement: ScalePlacement, weights: &[f32], dots: &[f64], scale: f32) -> (f64, f64) {
+    let s = scale as f64;
+    let (mut v, mut m) = (0.0f64, 0.0f64);
+    match placement {
+        ScalePlacement::AfterReluSum => {
+            for (w, &d) in weights.iter().zip(dots) {
+                let t = *w as f64 * relu(d);
+                v += t;
+                m += t.abs();
+            }
+            (v * s, m * s.abs())
+        }
+        ScalePlacement::InsideRelu => {
+            for (w, &d) in weights.iter().zip(dots) {
+                let t = *w as f64 * relu(d * s);
+                v += t;
+                m += t.abs();
+            }
+            (v, m)
+        }
+    }
+}
+
+/// Computes the reference for the selected rows, rayon over rows.
+pub fn compute(case: &Case, placement: ScalePlacement, sel: &RowSelection) -> Reference {
+    let rows = case.rows();
+    let want: Vec<bool> = match sel {
+        RowSelection::All => vec![true; rows],
+        RowSelection::Rows(v) => {
+            let mut w = vec![false; rows];
+            for &r in v {
+                if r < rows {
+                    w[r] = true;
+                }
+            }
+            w
+        }
+    };
+    let out = (0..rows)
+        .into_par_iter()
+        .map(|r| want[r].then(|| compute_row(case, placement, r)))
+        .collect();
+    Reference { placement, rows: out }
+}
+
+/// One row: decode its queries once, then one exact dot per head and position.
+pub fn compute_row(case: &Case, placement: ScalePlacement, r: usize) -> RowReference {
+    let s = &case.shape;
+    let (b, i) = (r / s.next_n, r % s.next_n);
+    let table = s.format.table();
+    let q: Vec<f64> = (0..s.heads)
+        .flat_map(|h| case.q_codes(b, i, h).iter().map(|&c| table[c as usize] as f64))
+        .collect();
+    let w = &case.weights[r * s.heads..(r + 1) * s.heads];
+    let len = case.valid_len(r);
+    let mut value = Vec::with_capacity(len);
+    let mut relu_mag = Vec::with_capacity(len);
+    let mut k = vec![0f64; s.head_dim];
+    let mut dots = vec![0f64; s.heads];
+    for t in 0..len {
+        let (id, p) = case.token_location(b, t);
+        let block = case.block(id);
+        for (d, kd) in k.iter_mut().enumerate() {
+            *kd = table[case.k_code(block, p, d) as usize] as f64;
+        }
+        for (h, dot) in dots.iter_mut().enumerate() {
+            let qh = &q[h * s.head_dim..(h + 1) * s.head_dim];
+            *dot = qh.iter().zip(&k).map(|(a, b)| a * b).sum();
+        }
+        let (v, m) = combine(placement, w, &dots, case.k_scale(block, p));
+        value.push(v);
+        relu_mag.push(m);
+    }
+    RowReference { value, relu_mag }
+}
+
+/// The terms of one element computed the plain way, independently of
+/// [`compute_row`]: `(value, relu_mag, abs_mag)` where
+/// `abs_mag = Σ_h |w_h|·|s|·Σ_d |q_d·k_d|` bounds every rounding inside the dots.
+pub fn element(case: &Case, placement: ScalePlacement, r: usize, t: usize) -> (f64, f64, f64) {
+    let s = &case.shape;
+    let (b, i) = (r / s.next_n, r % s.next_n);
+    let (id, p) = case.token_location(b, t);
+    let block = case.block(id);
+    let scale = case.k_scale(block, p);
+    let mut dots = Vec::with_capacity(s.heads);
+    let mut abs_mag = 0.0;
+    for h in 0..s.heads {
+        let q = case.q_codes(b, i, h);
+        let (mut dot, mut abs) = (0.0f64, 0.0f64);
+        for (d, &qc) in q.iter().enumerate() {
+            let prod = s.format.decode(qc) as f64 * s.format.decode(case.k_code(block, p, d)) as f64;
+            dot += prod;
+            abs += prod.abs();
+        }
+        dots.push(dot);
+        abs_mag += (case.weight(r, h) as f64).abs() * abs;
+    }
+    let (v, m) = combine(placement, &case.weights[r * s.heads..(r + 1) * s.heads], &dots, scale);
+    (v, m, abs_mag * (scale as f64).abs())
+}
