@@ -31,6 +31,24 @@ pub struct Cli {
 pub enum Command {
     /// Run a fuzz campaign: replay the corpus, generate cases, shrink and save findings, write a report.
     Run(RunArgs),
+    /// Measure detection power: fuzz every planted-bug kernel from several seeds, and clean kernels for false positives.
+    Selftest {
+        /// Which planted bugs to fuzz.
+        #[arg(long, value_enum, default_value_t = crate::selftest::Backend::Cpu)]
+        backend: crate::selftest::Backend,
+        /// Budget of each campaign.
+        #[arg(long, value_parser = parse_duration, default_value = "60s")]
+        budget: Duration,
+        /// Seeds per planted bug.
+        #[arg(long, default_value_t = 5)]
+        seeds: u64,
+        /// Only kernels whose name contains one of these (repeatable).
+        #[arg(long)]
+        only: Vec<String>,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// List kernels and whether this machine can run them.
     Kernels {
         /// Print JSON instead of a table.
@@ -58,6 +76,10 @@ pub enum Command {
 pub fn dispatch(cli: Cli) -> Result<i32, Fatal> {
     match cli.command {
         Command::Run(args) => cmd_run(args),
+        Command::Selftest { backend, budget, seeds, only, json } => {
+            crate::campaign::interrupt::install();
+            crate::selftest::run(&crate::selftest::Options { backend, budget, seeds, json, only, workdir: None })
+        }
         Command::Kernels { json } => cmd_kernels(json),
         Command::Replay { files, kernel, topk, json } => cmd_replay(&files, kernel.as_deref(), topk, json),
     }

@@ -16,6 +16,7 @@ pub mod kernel;
 pub mod oracle;
 pub mod reference;
 pub mod report;
+pub mod selftest;
 pub mod util;
 
 pub use case::{Case, ContextLens, ScalePlacement, Shape, ValueLayout};

@@ -46,6 +46,8 @@ pub struct Config {
     pub oracle: OracleConfig,
     pub quiet: bool,
     pub command_line: String,
+    /// Stop generating once this many distinct findings were made (selftest).
+    pub stop_after_findings: Option<usize>,
 }
 
 impl Config {
@@ -67,6 +69,7 @@ impl Config {
             oracle: OracleConfig::default(),
             quiet: false,
             command_line: String::new(),
+            stop_after_findings: None,
         }
     }
 }
@@ -342,6 +345,7 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
     let jobs = cfg.jobs.unwrap_or_else(|| engine.kernels.iter().map(|k| k.preferred_jobs()).min().unwrap_or(1)).max(1);
     let (shard_index, shard_count) = cfg.shard.map(|s| (s.index as u64, s.count as u64)).unwrap_or((0, 1));
     let next_k = AtomicU64::new(0);
+    let stop = std::sync::atomic::AtomicBool::new(false);
     let started_cases = AtomicU64::new(0);
     let deadline = cfg.budget.map(|b| started + b);
     let mut cases_log = Vec::new();
@@ -354,8 +358,9 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
                 let engine = &engine;
                 let next_k = &next_k;
                 let started_cases = &started_cases;
+                let stop = &stop;
                 scope.spawn(move || loop {
-                    if interrupt::requested() || deadline.is_some_and(|d| Instant::now() >= d) {
+                    if interrupt::requested() || stop.load(Ordering::SeqCst) || deadline.is_some_and(|d| Instant::now() >= d) {
                         break;
                     }
                     if let Some(m) = cfg.max_cases {
@@ -374,6 +379,9 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
             }
             drop(tx);
             for r in rx {
+                if stop.load(Ordering::SeqCst) {
+                    continue; // enough findings: drain what the workers had in hand
+                }
                 if let Some(e) = &r.environment_error {
                     env_error.get_or_insert(e.clone());
                     interrupt::request();
@@ -487,6 +495,9 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
                     }
                 }
                 progress.update(generated, findings.len(), "");
+                if cfg.stop_after_findings.is_some_and(|n| findings.len() >= n) {
+                    stop.store(true, Ordering::SeqCst);
+                }
             }
         });
     }

@@ -6,6 +6,7 @@ use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
 pub struct Progress {
+    quiet: bool,
     bar: Option<ProgressBar>,
     plain: bool,
     start: Instant,
@@ -28,7 +29,7 @@ impl Progress {
             b.enable_steady_tick(Duration::from_millis(200));
             b
         });
-        Progress { bar, plain: !quiet && !tty, start: Instant::now(), last_line: Instant::now(), budget }
+        Progress { quiet, bar, plain: !quiet && !tty, start: Instant::now(), last_line: Instant::now(), budget }
     }
 
     pub fn update(&mut self, cases: u64, findings: usize, phase: &str) {
@@ -47,7 +48,8 @@ impl Progress {
     pub fn println(&self, line: &str) {
         match &self.bar {
             Some(b) => b.println(line),
-            None => eprintln!("{line}"),
+            None if !self.quiet => eprintln!("{line}"),
+            None => {}
         }
     }
 
