@@ -230,20 +230,25 @@ impl Recipe {
         let mut entries = entries;
         let mut shape = shape;
         if self.big_output {
-            // Append zero-length sequences until the output passes 2^31 bytes by one row.
+            // Prepend zero-length sequences until their rows alone cover 2^31 bytes, so
+            // every row of the real sequences starts past 2 GiB (an int32 byte offset of
+            // any of their stores overflows). Built in one pass: prepending one sequence
+            // at a time is quadratic in the (possibly millions of) padding rows.
             let row_bytes = out_row_stride as u64 * 4;
-            let need_rows = ((1u64 << 31) / row_bytes + 1) as usize;
-            let need_rows = need_rows.div_ceil(self.next_n) * self.next_n;
-            while rows < need_rows {
-                shape.batch += 1;
-                rows += self.next_n;
-                match &mut context_lens {
-                    ContextLens::PerSequence(v) => v.insert(0, 0),
-                    ContextLens::PerToken(v) => v.insert(0, vec![0; self.next_n]),
+            let pad_rows = (1u64 << 31).div_ceil(row_bytes) as usize;
+            let pad_seqs = pad_rows.div_ceil(self.next_n);
+            shape.batch += pad_seqs;
+            rows += pad_seqs * self.next_n;
+            match &mut context_lens {
+                ContextLens::PerSequence(v) => {
+                    v.splice(0..0, std::iter::repeat_n(0, pad_seqs));
                 }
-                let pad: Vec<i64> = (0..row_stride).map(|_| pad_value(&mut rng)).collect();
-                entries.splice(0..0, pad);
+                ContextLens::PerToken(v) => {
+                    v.splice(0..0, std::iter::repeat_n(vec![0; self.next_n], pad_seqs));
+                }
             }
+            let pad: Vec<i64> = (0..pad_seqs * row_stride).map(|_| pad_value(&mut rng)).collect();
+            entries.splice(0..0, pad);
         }
         let values = Values::draw(&shape, self.values, &mut rng, n_logical);
         let mut kv = SparseKvCache::default();
