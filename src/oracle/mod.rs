@@ -383,7 +383,7 @@ pub fn judge(
             }
         }
         // Downstream top-k for rows longer than k.
-        if len > cfg.topk {
+        if cfg.topk > 0 && len > cfg.topk {
             v.topk.rows_checked += 1;
             if let TopKOutcome::Inconsistent { detail } = topk_consistent(&row[..len], rref, &bound, cfg.topk, |t| {
                 let (_, m, a) = crate::reference::element(case, reference.placement, r, t);
