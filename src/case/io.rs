@@ -432,3 +432,57 @@ pub fn tensors_to_safetensors(c: &Case) -> std::io::Result<Vec<u8>> {
     safetensors::serialize(views, None).map_err(e)
 }
 
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round_trip(bits: u32) -> u32 {
+        let text = serde_json::to_string(&F32Json(f32::from_bits(bits))).unwrap();
+        serde_json::from_str::<F32Json>(&text).unwrap().0.to_bits()
+    }
+
+    /// Finite f32s travel as JSON numbers (shortest repr, parsed via f64) and the rest as
+    /// strings: every bit pattern must come back unchanged, including subnormals and NaN
+    /// payloads. Walks a stride through all 2^32 patterns plus the edges of each binade.
+    #[test]
+    fn f32_json_round_trips_bit_exactly() {
+        let mut bits: u32 = 0;
+        loop {
+            assert_eq!(round_trip(bits), bits, "{bits:#010x}");
+            let (next, overflow) = bits.overflowing_add(65_521); // prime stride
+            if overflow {
+                break;
+            }
+            bits = next;
+        }
+        for e in 0..=255u32 {
+            for m in [0u32, 1, 2, 0x3F_FFFF, 0x40_0000, 0x7F_FFFE, 0x7F_FFFF] {
+                for s in [0u32, 1 << 31] {
+                    let b = s | e << 23 | m;
+                    assert_eq!(round_trip(b), b, "{b:#010x}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn f32_json_accepts_the_documented_strings() {
+        let p = |s: &str| serde_json::from_str::<F32Json>(s).map(|x| x.0);
+        assert_eq!(p("\"inf\"").unwrap(), f32::INFINITY);
+        assert_eq!(p("\"-inf\"").unwrap(), f32::NEG_INFINITY);
+        assert!(p("\"nan\"").unwrap().is_nan());
+        assert_eq!(p("\"0x7fc00001\"").unwrap().to_bits(), 0x7FC0_0001);
+        assert_eq!(p("1.5").unwrap(), 1.5);
+        assert!(p("\"one\"").is_err());
+        assert!(p("\"0xZZ\"").is_err());
+    }
+
+    #[test]
+    fn hex_codec() {
+        assert_eq!(to_hex(&[0x00, 0x7f, 0x80, 0xff]), "007f80ff");
+        assert_eq!(from_hex("007F80ff").unwrap(), vec![0x00, 0x7f, 0x80, 0xff]);
+        assert!(from_hex("abc").is_err());
+        assert!(from_hex("zz").is_err());
+    }
+}
