@@ -215,6 +215,9 @@ pub fn load_case_file(path: &Path) -> Result<CaseFile, CaseFileError> {
     if text.iter().all(|b| b.is_ascii_whitespace()) {
         return Err(ferr(path, "file", "is empty"));
     }
+    if text.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(ferr(path, "json", "a corpus file must hold one JSON object ({ ... })"));
+    }
     // Check the version before the full parse, so an unknown version gets a clear
     // message instead of a field error from a format we do not know.
     #[derive(Deserialize)]
@@ -303,7 +306,10 @@ fn case_from_json(path: &Path, c: CaseJson) -> Result<Case, CaseFileError> {
             let st_path = sibling(path, &rel).ok_or_else(|| {
                 ferr(path, "case.tensors.safetensors", format!("{rel:?} must be a plain file name beside the JSON"))
             })?;
-            load_tensors(&st_path, &mut case)?;
+            // Name the JSON file (what the user passed) and the tensor file with its field.
+            load_tensors(&st_path, &mut case).map_err(|e| {
+                ferr(path, format!("case.tensors.safetensors ({}) {}", st_path.display(), e.field), e.message)
+            })?;
         }
     }
     Ok(case)
