@@ -101,6 +101,15 @@ fn bad_files_exit_2_with_one_line() {
     bad_input("batch-1e12", &edited(|v| v["case"]["batch"] = json!(1_000_000_000_000u64)), "case.batch");
     bad_input("unknown-field", &edited(|v| v["case"]["colour"] = json!("red")), "colour");
     bad_input("bad-hex", &edited(|v| v["case"]["tensors"]["inline"]["q"] = json!("zz")), "case.tensors.inline.q");
+    bad_input(
+        "duplicate-block",
+        &edited(|v| {
+            let blocks = v["case"]["tensors"]["inline"]["kv_blocks"].as_object_mut().unwrap();
+            let (k, b) = blocks.iter().next().map(|(k, b)| (k.clone(), b.clone())).unwrap();
+            blocks.insert(format!("0{k}"), b);
+        }),
+        "given twice",
+    );
     bad_input("bad-layout", &edited(|v| v["case"]["layout"] = json!("diagonal")), "case.layout");
     bad_input("stride-not-multiple-of-4", &edited(|v| v["case"]["kv_block_stride"] = json!(1001)), "case.kv_block_stride");
     bad_input(

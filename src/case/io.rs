@@ -299,7 +299,9 @@ fn case_from_json(path: &Path, c: CaseJson) -> Result<Case, CaseFileError> {
                         format!("has {} bytes, block_size*(head_dim+4) is {bb}", bytes.len()),
                     ));
                 }
-                case.kv.blocks.insert(id, bytes);
+                if case.kv.blocks.insert(id, bytes).is_some() {
+                    return Err(ferr(path, format!("case.tensors.inline.kv_blocks.{k}"), format!("block {id} is given twice")));
+                }
             }
         }
         TensorsJson::Safetensors(rel) => {
@@ -365,7 +367,9 @@ fn load_tensors(path: &Path, case: &mut Case) -> Result<(), CaseFileError> {
             return Err(ferr(path, format!("kv_block_ids[{k}]"), format!("{id} is negative")));
         }
         let bb = s.block_bytes();
-        case.kv.blocks.insert(id as u64, blks[k * bb..(k + 1) * bb].to_vec());
+        if case.kv.blocks.insert(id as u64, blks[k * bb..(k + 1) * bb].to_vec()).is_some() {
+            return Err(ferr(path, format!("kv_block_ids[{k}]"), format!("block {id} is given twice")));
+        }
     }
     Ok(())
 }
