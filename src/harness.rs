@@ -80,7 +80,7 @@ pub fn run_and_judge(kernel: &dyn Kernel, case: &Case, refs: &mut ReferenceCache
         Ok(info) => oracle::judge(case, reference, caps, Ok((info, &out)), cfg),
         Err(e) => oracle::judge(case, reference, caps, Err(e), cfg),
     };
-    let output = matches!(result, Ok(_)).then_some(out);
+    let output = result.is_ok().then_some(out);
     Judged { verdict, output, wall }
 }
 

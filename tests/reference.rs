@@ -131,7 +131,8 @@ fn decode_table_matches_the_bit_fields_for_all_256_codes() {
 #[test]
 fn reference_matches_naive_on_generated_cases() {
     let mut total = 0;
-    let variants: Vec<Box<dyn Fn(&mut mqa_fuzz::generate::Recipe)>> = vec![
+    type Edit = Box<dyn Fn(&mut mqa_fuzz::generate::Recipe)>;
+    let variants: Vec<Edit> = vec![
         Box::new(|_| {}),
         Box::new(|r| r.format = Fp8Format::E4m3fnuz),
         Box::new(|r| {

@@ -189,7 +189,7 @@ pub(crate) fn to_hex(bytes: &[u8]) -> String {
 
 pub(crate) fn from_hex(s: &str) -> Result<Vec<u8>, String> {
     let s = s.as_bytes();
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return Err(format!("hex string has odd length {}", s.len()));
     }
     let nib = |c: u8| -> Result<u8, String> {

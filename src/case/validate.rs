@@ -58,18 +58,18 @@ pub(crate) fn validate_shape_dims(c: &Case) -> Result<(), CaseError> {
     range("rows (batch*next_n)", s.rows(), 1, MAX_ROWS)?;
     range("heads", s.heads, 1, MAX_HEADS)?;
     range("head_dim", s.head_dim, 16, MAX_HEAD_DIM)?;
-    if s.head_dim % 16 != 0 {
+    if !s.head_dim.is_multiple_of(16) {
         return Err(err("head_dim", format!("{} is not a multiple of 16", s.head_dim)));
     }
     range("block_size", s.block_size, 1, MAX_BLOCK_SIZE)?;
     if s.layout == ValueLayout::Shuffle16 {
-        if s.block_size % 16 != 0 {
+        if !s.block_size.is_multiple_of(16) {
             return Err(err(
                 "block_size",
                 format!("{} must be a multiple of 16 for layout shuffle16", s.block_size),
             ));
         }
-        if s.head_dim % 32 != 0 {
+        if !s.head_dim.is_multiple_of(32) {
             return Err(err(
                 "head_dim",
                 format!("{} must be a multiple of 32 for layout shuffle16", s.head_dim),
@@ -115,7 +115,7 @@ fn validate_tensor_sizes(c: &Case) -> Result<(), CaseError> {
             format!("{} is less than block_size*(head_dim+4) = {need}", c.kv_block_stride),
         ));
     }
-    if c.kv_block_stride % 4 != 0 {
+    if !c.kv_block_stride.is_multiple_of(4) {
         return Err(err("kv_block_stride", format!("{} is not a multiple of 4", c.kv_block_stride)));
     }
     if c.num_blocks == 0 {

@@ -172,15 +172,16 @@ impl Recipe {
         let mut logical: Vec<Vec<usize>> = Vec::with_capacity(batch);
         let mut next = 0usize;
         for (b, &u) in used.iter().enumerate() {
-            let mut row = Vec::with_capacity(u);
-            for j in 0..u {
-                if b > 0 && j < prefix {
-                    row.push(logical[0][j]);
-                } else {
-                    row.push(next);
-                    next += 1;
-                }
-            }
+            let row: Vec<usize> = (0..u)
+                .map(|j| {
+                    if b > 0 && j < prefix {
+                        logical[0][j]
+                    } else {
+                        next += 1;
+                        next - 1
+                    }
+                })
+                .collect();
             logical.push(row);
         }
         let n_logical = next;
@@ -227,7 +228,6 @@ impl Recipe {
         let mut rows = shape.rows();
         let out_row_stride = max_model_len + self.out_stride_pad;
         let mut context_lens = context_lens;
-        let mut entries = entries;
         let mut shape = shape;
         if self.big_output {
             // Prepend zero-length sequences until their rows alone cover 2^31 bytes, so

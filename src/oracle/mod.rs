@@ -330,8 +330,7 @@ pub fn judge(
         v.guard.rows_affected += affected as u64;
         let Some(rref) = &reference.rows[r] else { continue };
         v.metrics.rows_checked += 1;
-        for t in 0..len {
-            let got = row[t];
+        for (t, &got) in row[..len].iter().enumerate() {
             let exp = rref.value[t];
             let mut full_bound = None;
             let class = classify(got, exp, rref.relu_mag[t], &bound, || {

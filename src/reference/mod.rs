@@ -40,9 +40,7 @@ pub enum RowSelection {
 /// ReLU that keeps NaN (Rust's `f64::max(NaN, 0)` would return 0 and hide it).
 #[inline]
 pub fn relu(x: f64) -> f64 {
-    if x > 0.0 {
-        x
-    } else if x.is_nan() {
+    if x > 0.0 || x.is_nan() {
         x
     } else {
         0.0

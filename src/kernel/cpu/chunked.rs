@@ -155,7 +155,7 @@ impl ChunkedKernel {
             let chunks = if self.has(Plant::TailUnwritten) { tokens / CHUNK_K } else { tokens.div_ceil(CHUNK_K) };
             items.extend((0..chunks).map(|c| (b, c)));
         }
-        if items.is_empty() && self.has(Plant::ZeroBatch) && s.batch % 32 == 0 {
+        if items.is_empty() && self.has(Plant::ZeroBatch) && s.batch.is_multiple_of(32) {
             // The scheduler's search runs off the end and worker 0 gets the sentinel.
             return vec![(s.batch, 0, 0)];
         }
