@@ -69,7 +69,11 @@ fn seeds() -> Vec<(&'static str, &'static str, Recipe)> {
     let mut r = base(vec![5, 1, 9], 2, 8);
     r.block_size = 1;
     r.table_order = TableOrder::Reversed;
-    v.push(("block-size-1", "block size 1: one table entry per token, blocks allocated top-down", r));
+    v.push((
+        "block-size-1",
+        "block size 1: one table entry per token, blocks allocated top-down",
+        r,
+    ));
 
     let mut r = base(vec![33, 70, 16], 1, 9);
     r.table_order = TableOrder::Permuted;

@@ -12,7 +12,10 @@ use mqa_fuzz::reference::{self, RowSelection};
 use std::time::{Duration, Instant};
 
 fn main() {
-    let reps: usize = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(5);
+    let reps: usize = std::env::args()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5);
     let lens: Vec<usize> = (0..8).map(|b| 4096 - 61 * b + 17 * (b % 3)).collect();
     let recipe = Recipe {
         next_n: 2,

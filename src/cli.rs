@@ -52,7 +52,12 @@ pub enum Command {
 pub fn dispatch(cli: Cli) -> Result<i32, Fatal> {
     match cli.command {
         Command::Kernels { json } => cmd_kernels(json),
-        Command::Replay { files, kernel, topk, json } => cmd_replay(&files, kernel.as_deref(), topk, json),
+        Command::Replay {
+            files,
+            kernel,
+            topk,
+            json,
+        } => cmd_replay(&files, kernel.as_deref(), topk, json),
     }
 }
 
@@ -80,7 +85,12 @@ fn cmd_kernels(json: bool) -> Result<i32, Fatal> {
             Ok(()) => "available".to_string(),
             Err(why) => format!("unavailable: {why}"),
         };
-        println!("{:width$}  {:<11}  {}", e.name, if e.planted_bug { "planted bug" } else { "" }, status);
+        println!(
+            "{:width$}  {:<11}  {}",
+            e.name,
+            if e.planted_bug { "planted bug" } else { "" },
+            status
+        );
         println!("{:width$}  {:<11}  {}", "", "", e.description);
     }
     Ok(exit::CLEAN)
@@ -98,7 +108,11 @@ pub fn verdict_line(v: &Verdict) -> String {
             v.metrics.checked,
             v.metrics.max_err_over_bound,
             v.metrics.calc_diff,
-            if v.guard.redundant { "redundant" } else { "NEEDED" }
+            if v.guard.redundant {
+                "redundant"
+            } else {
+                "NEEDED"
+            }
         );
     }
     let classes: Vec<String> = v.classes.iter().map(|(c, n)| format!("{c} x{n}")).collect();
@@ -121,13 +135,21 @@ pub fn verdict_line(v: &Verdict) -> String {
     s
 }
 
-fn cmd_replay(files: &[PathBuf], kernel_name: Option<&str>, topk: usize, json: bool) -> Result<i32, Fatal> {
+fn cmd_replay(
+    files: &[PathBuf],
+    kernel_name: Option<&str>,
+    topk: usize,
+    json: bool,
+) -> Result<i32, Fatal> {
     // Load everything first: bad input is reported before any work is done.
     let cases: Vec<(PathBuf, CaseFile)> = files
         .iter()
         .map(|f| load_case_file(f).map(|c| (f.clone(), c)))
         .collect::<Result<_, _>>()?;
-    let cfg = OracleConfig { topk, ..Default::default() };
+    let cfg = OracleConfig {
+        topk,
+        ..Default::default()
+    };
     let mut any_finding = false;
     let mut out = Vec::new();
     for (path, file) in &cases {
@@ -164,5 +186,9 @@ fn cmd_replay(files: &[PathBuf], kernel_name: Option<&str>, topk: usize, json: b
     if json {
         println!("{}", serde_json::to_string_pretty(&out).unwrap());
     }
-    Ok(if any_finding { exit::FINDINGS } else { exit::CLEAN })
+    Ok(if any_finding {
+        exit::FINDINGS
+    } else {
+        exit::CLEAN
+    })
 }

@@ -233,7 +233,10 @@ mod tests {
                 }
                 assert_eq!((v * grid).fract(), 0.0, "{f} code {c:#04x} not on the grid");
                 let back = f.encode(v, false);
-                assert_eq!(back, c, "{f} code {c:#04x} value {v} re-encoded as {back:#04x}");
+                assert_eq!(
+                    back, c,
+                    "{f} code {c:#04x} value {v} re-encoded as {back:#04x}"
+                );
                 assert_eq!(f.encode(v, true), c);
             }
         }
@@ -248,7 +251,11 @@ mod tests {
                 let mid = (lo + hi) / 2.0;
                 let even = if c % 2 == 0 { c } else { c + 1 };
                 assert_eq!(f.encode(mid, false), even, "{f} tie {mid}");
-                assert_eq!(f.encode(-mid, false), apply_sign(f, even, true), "{f} tie -{mid}");
+                assert_eq!(
+                    f.encode(-mid, false),
+                    apply_sign(f, even, true),
+                    "{f} tie -{mid}"
+                );
                 // Just off the tie goes to the nearer neighbour.
                 let eps = (hi - lo) / 1024.0;
                 assert_eq!(f.encode(mid - eps, false), c);

@@ -4,7 +4,9 @@
 mod common;
 
 use common::recipe;
-use mqa_fuzz::case::{load_case_file, save_case_file, Case, CaseFile, ContextLens, Provenance, ValueLayout};
+use mqa_fuzz::case::{
+    load_case_file, save_case_file, Case, CaseFile, ContextLens, Provenance, ValueLayout,
+};
 use mqa_fuzz::fp8::Fp8Format;
 use mqa_fuzz::generate::{LensRecipe, OffsetClass, ValueKind};
 use std::path::Path;
@@ -20,7 +22,12 @@ fn assert_bit_exact(a: &Case, b: &Case) {
 }
 
 fn provenance(note: &str) -> Provenance {
-    Provenance { kernel: "hand-made".into(), note: Some(note.into()), seed: Some(42), ..Default::default() }
+    Provenance {
+        kernel: "hand-made".into(),
+        note: Some(note.into()),
+        seed: Some(42),
+        ..Default::default()
+    }
 }
 
 /// Non-finite, signed-zero, subnormal and extreme f32s, NaNs with payloads and sign.
@@ -52,19 +59,31 @@ fn inline_round_trip_is_bit_exact() {
     let mut r = recipe(vec![17, 0, 5], 2);
     r.values = ValueKind::Hostile;
     let case = with_odd_weights(r.materialize());
-    let file = CaseFile { provenance: provenance("inline"), expected: Default::default(), case };
+    let file = CaseFile {
+        provenance: provenance("inline"),
+        expected: Default::default(),
+        case,
+    };
     let path = dir.path().join("inline.json");
     save_case_file(&path, &file).unwrap();
-    assert!(!dir.path().join("inline.safetensors").exists(), "small tensors stay inline");
+    assert!(
+        !dir.path().join("inline.safetensors").exists(),
+        "small tensors stay inline"
+    );
     let text = std::fs::read_to_string(&path).unwrap();
-    assert!(text.contains("\"inline\"") && text.contains("0x7fc00001") && text.contains("\"-inf\""));
+    assert!(
+        text.contains("\"inline\"") && text.contains("0x7fc00001") && text.contains("\"-inf\"")
+    );
     let back = load_case_file(&path).unwrap();
     assert_bit_exact(&file.case, &back.case);
     assert_eq!(back.provenance, file.provenance);
     // Saving what was loaded gives the same bytes.
     let path2 = dir.path().join("again.json");
     save_case_file(&path2, &back).unwrap();
-    assert_eq!(std::fs::read(&path).unwrap(), std::fs::read(&path2).unwrap());
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        std::fs::read(&path2).unwrap()
+    );
 }
 
 #[test]
@@ -79,7 +98,11 @@ fn inline_round_trip_2d_lens_shuffle16_fnuz_sparse_4g() {
     r.kv_stride_pad = 4000;
     let case = r.materialize();
     assert!(case.kv_cache_bytes() > 1 << 32);
-    let file = CaseFile { provenance: provenance("4g"), expected: Default::default(), case };
+    let file = CaseFile {
+        provenance: provenance("4g"),
+        expected: Default::default(),
+        case,
+    };
     let path = dir.path().join("c.json");
     save_case_file(&path, &file).unwrap();
     assert!(std::fs::metadata(&path).unwrap().len() < 64 * 1024);
@@ -99,13 +122,24 @@ fn large_case() -> Case {
 fn safetensors_round_trip_is_bit_exact() {
     let dir = tempfile::tempdir().unwrap();
     let case = large_case();
-    let file = CaseFile { provenance: provenance("large"), expected: Default::default(), case };
+    let file = CaseFile {
+        provenance: provenance("large"),
+        expected: Default::default(),
+        case,
+    };
     let path = dir.path().join("large.json");
     save_case_file(&path, &file).unwrap();
     let st = dir.path().join("large.safetensors");
-    assert!(st.exists(), "large tensors go to a sibling safetensors file");
+    assert!(
+        st.exists(),
+        "large tensors go to a sibling safetensors file"
+    );
     let text = std::fs::read_to_string(&path).unwrap();
-    assert!(text.contains("\"safetensors\": \"large.safetensors\""), "{}", &text[..text.len().min(2000)]);
+    assert!(
+        text.contains("\"safetensors\": \"large.safetensors\""),
+        "{}",
+        &text[..text.len().min(2000)]
+    );
     let back = load_case_file(&path).unwrap();
     assert_bit_exact(&file.case, &back.case);
     python_reads_safetensors(&st, &file.case);
@@ -114,7 +148,9 @@ fn safetensors_round_trip_is_bit_exact() {
 /// Loads the file with Python's `safetensors` + numpy and checks names, dtypes, shapes
 /// and a checksum. Skips (with a message) when they are not installed; CI installs them.
 fn python_reads_safetensors(path: &Path, c: &Case) {
-    let probe = std::process::Command::new("python3").args(["-c", "import safetensors, numpy"]).output();
+    let probe = std::process::Command::new("python3")
+        .args(["-c", "import safetensors, numpy"])
+        .output();
     if !matches!(&probe, Ok(o) if o.status.success()) {
         eprintln!("SKIP python check: python3 with safetensors and numpy is not available (pip install numpy safetensors)");
         return;
@@ -127,12 +163,24 @@ for k in sorted(t):
     v = t[k]
     print(k, v.dtype, list(v.shape), int(v.view('uint8').astype('uint64').sum()))
 "#;
-    let out = std::process::Command::new("python3").args(["-c", script]).arg(path).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = std::process::Command::new("python3")
+        .args(["-c", script])
+        .arg(path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let s = &c.shape;
     let sum = |b: &[u8]| b.iter().map(|&x| x as u64).sum::<u64>();
     let w: Vec<u8> = c.weights.iter().flat_map(|w| w.to_le_bytes()).collect();
-    let ids: Vec<u8> = c.kv.blocks.keys().flat_map(|&i| (i as i64).to_le_bytes()).collect();
+    let ids: Vec<u8> =
+        c.kv.blocks
+            .keys()
+            .flat_map(|&i| (i as i64).to_le_bytes())
+            .collect();
     let blocks: Vec<u8> = c.kv.blocks.values().flatten().copied().collect();
     let want = format!(
         "kv_block_ids int64 [{n}] {}\nkv_blocks uint8 [{n}, {}] {}\nq uint8 [{}, {}, {}, {}] {}\nweights float32 [{}, {}] {}\n",
@@ -174,20 +222,52 @@ fn rejects(edit: impl FnOnce(&mut Case), field: &str, mentions: &[&str]) {
 
 #[test]
 fn validation_errors_name_field_value_and_limit() {
-    rejects(|c| c.context_lens = ContextLens::PerSequence(vec![40, 0, 46]), "context_lens[2]", &["46", "max_model_len", "45"]);
-    rejects(|c| c.context_lens = ContextLens::PerSequence(vec![40, -1, 17]), "context_lens[1]", &["-1"]);
-    rejects(|c| c.context_lens = ContextLens::PerSequence(vec![40, 0]), "context_lens", &["2", "3"]);
+    rejects(
+        |c| c.context_lens = ContextLens::PerSequence(vec![40, 0, 46]),
+        "context_lens[2]",
+        &["46", "max_model_len", "45"],
+    );
+    rejects(
+        |c| c.context_lens = ContextLens::PerSequence(vec![40, -1, 17]),
+        "context_lens[1]",
+        &["-1"],
+    );
+    rejects(
+        |c| c.context_lens = ContextLens::PerSequence(vec![40, 0]),
+        "context_lens",
+        &["2", "3"],
+    );
     rejects(
         |c| c.context_lens = ContextLens::PerToken(vec![vec![1, 2], vec![0, 99], vec![0, 0]]),
         "context_lens[1][1]",
         &["99", "45"],
     );
-    rejects(|c| c.context_lens = ContextLens::PerToken(vec![vec![1], vec![0, 0], vec![0, 0]]), "context_lens[0]", &["1", "next_n is 2"]);
+    rejects(
+        |c| c.context_lens = ContextLens::PerToken(vec![vec![1], vec![0, 0], vec![0, 0]]),
+        "context_lens[0]",
+        &["1", "next_n is 2"],
+    );
     // 40 tokens in blocks of 16 need 3 table columns.
-    rejects(|c| c.block_table.max_blocks = 2, "context_lens[0]", &["40", "3 blocks", "max_blocks is 2"]);
-    rejects(|c| c.block_table.entries[0] = c.num_blocks as i64, "block_table.entries[0][0]", &["outside 0..num_blocks"]);
-    rejects(|c| c.block_table.entries[1] = -1, "block_table.entries[0][1]", &["-1", "num_blocks"]);
-    rejects(|c| c.block_table.entries[0] = 1 << 40, "block_table.entries[0][0]", &["1099511627776", "int32"]);
+    rejects(
+        |c| c.block_table.max_blocks = 2,
+        "context_lens[0]",
+        &["40", "3 blocks", "max_blocks is 2"],
+    );
+    rejects(
+        |c| c.block_table.entries[0] = c.num_blocks as i64,
+        "block_table.entries[0][0]",
+        &["outside 0..num_blocks"],
+    );
+    rejects(
+        |c| c.block_table.entries[1] = -1,
+        "block_table.entries[0][1]",
+        &["-1", "num_blocks"],
+    );
+    rejects(
+        |c| c.block_table.entries[0] = 1 << 40,
+        "block_table.entries[0][0]",
+        &["1099511627776", "int32"],
+    );
     rejects(
         |c| {
             let id = c.block_table.entries[0] as u64;
@@ -196,10 +276,26 @@ fn validation_errors_name_field_value_and_limit() {
         "block_table.entries[0][0]",
         &["not stored"],
     );
-    rejects(|c| c.kv_block_stride = c.shape.block_bytes() as u64 - 4, "kv_block_stride", &["572", "576"]);
-    rejects(|c| c.kv_block_stride += 2, "kv_block_stride", &["not a multiple of 4"]);
-    rejects(|c| c.num_blocks = u64::MAX / 8, "num_blocks", &["overflows"]);
-    rejects(|c| c.num_blocks = 1 << 32, "num_blocks", &["4294967296", "2^31"]);
+    rejects(
+        |c| c.kv_block_stride = c.shape.block_bytes() as u64 - 4,
+        "kv_block_stride",
+        &["572", "576"],
+    );
+    rejects(
+        |c| c.kv_block_stride += 2,
+        "kv_block_stride",
+        &["not a multiple of 4"],
+    );
+    rejects(
+        |c| c.num_blocks = u64::MAX / 8,
+        "num_blocks",
+        &["overflows"],
+    );
+    rejects(
+        |c| c.num_blocks = 1 << 32,
+        "num_blocks",
+        &["4294967296", "2^31"],
+    );
     rejects(
         |c| {
             c.shape.layout = ValueLayout::Shuffle16;
@@ -216,14 +312,34 @@ fn validation_errors_name_field_value_and_limit() {
         "block_size",
         &["8", "shuffle16"],
     );
-    rejects(|c| c.shape.head_dim = 40, "head_dim", &["40", "multiple of 16"]);
+    rejects(
+        |c| c.shape.head_dim = 40,
+        "head_dim",
+        &["40", "multiple of 16"],
+    );
     rejects(|c| c.shape.next_n = 0, "next_n", &["0", "1..=8"]);
     rejects(|c| c.shape.next_n = 9, "next_n", &["9", "1..=8"]);
-    rejects(|c| c.out_row_stride = c.max_model_len - 1, "out_row_stride", &["44", "45"]);
-    rejects(|c| c.block_table.row_stride = 2, "block_table.row_stride", &["2", "max_blocks 4"]);
-    rejects(|c| c.block_table.entries.pop().map(|_| ()).unwrap(), "block_table.entries", &["17", "18"]);
+    rejects(
+        |c| c.out_row_stride = c.max_model_len - 1,
+        "out_row_stride",
+        &["44", "45"],
+    );
+    rejects(
+        |c| c.block_table.row_stride = 2,
+        "block_table.row_stride",
+        &["2", "max_blocks 4"],
+    );
+    rejects(
+        |c| c.block_table.entries.pop().map(|_| ()).unwrap(),
+        "block_table.entries",
+        &["17", "18"],
+    );
     rejects(|c| c.q.push(0), "q", &["shape needs"]);
-    rejects(|c| c.weights.pop().map(|_| ()).unwrap(), "weights", &["shape needs"]);
+    rejects(
+        |c| c.weights.pop().map(|_| ()).unwrap(),
+        "weights",
+        &["shape needs"],
+    );
     rejects(|c| c.shape.batch = 1 << 40, "batch", &["1099511627776"]);
     rejects(|c| c.max_model_len = 0, "max_model_len", &["0"]);
     rejects(
@@ -233,7 +349,8 @@ fn validation_errors_name_field_value_and_limit() {
     );
     rejects(
         |c| {
-            c.kv.blocks.insert(c.num_blocks + 5, vec![0; c.shape.block_bytes()]);
+            c.kv.blocks
+                .insert(c.num_blocks + 5, vec![0; c.shape.block_bytes()]);
         },
         "kv_block_ids",
         &["outside 0..num_blocks"],

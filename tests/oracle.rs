@@ -6,7 +6,9 @@ mod common;
 use common::*;
 use mqa_fuzz::case::{Case, ScalePlacement};
 use mqa_fuzz::harness::{run_and_judge, ReferenceCache};
-use mqa_fuzz::kernel::{self, Capabilities, OutputBuffer, OutsideContract, RunError, RunInfo, POISON_BITS};
+use mqa_fuzz::kernel::{
+    self, Capabilities, OutputBuffer, OutsideContract, RunError, RunInfo, POISON_BITS,
+};
 use mqa_fuzz::oracle::{judge, Class, ErrorBound, OracleConfig, Verdict};
 use mqa_fuzz::reference::{self, Reference, RowSelection};
 
@@ -24,7 +26,12 @@ fn fixture(case: Case) -> Fixture {
     let judged = run_and_judge(k.as_ref(), &case, &mut refs, &OracleConfig::default());
     assert!(judged.verdict.is_clean(), "{:?}", judged.verdict.classes);
     let reference = reference::compute(&case, ScalePlacement::AfterReluSum, &RowSelection::All);
-    Fixture { caps: k.capabilities().clone(), out: judged.output.unwrap(), case, reference }
+    Fixture {
+        caps: k.capabilities().clone(),
+        out: judged.output.unwrap(),
+        case,
+        reference,
+    }
 }
 
 fn small() -> Fixture {
@@ -36,8 +43,17 @@ impl Fixture {
         self.judge_cfg(&OracleConfig::default())
     }
     fn judge_cfg(&self, cfg: &OracleConfig) -> Verdict {
-        let info = RunInfo { inputs_intact: Some(true), ..Default::default() };
-        judge(&self.case, &self.reference, &self.caps, Ok((&info, &self.out)), cfg)
+        let info = RunInfo {
+            inputs_intact: Some(true),
+            ..Default::default()
+        };
+        judge(
+            &self.case,
+            &self.reference,
+            &self.caps,
+            Ok((&info, &self.out)),
+            cfg,
+        )
     }
     fn exact(&self, r: usize, t: usize) -> f64 {
         self.reference.rows[r].as_ref().unwrap().value[t]
@@ -53,7 +69,11 @@ impl Fixture {
         for r in 0..self.case.rows() {
             let len = self.case.valid_len(r);
             for t in 0..self.case.max_model_len {
-                let v = if t < len { self.exact(r, t) as f32 } else { f32::NEG_INFINITY };
+                let v = if t < len {
+                    self.exact(r, t) as f32
+                } else {
+                    f32::NEG_INFINITY
+                };
                 self.out.set(r, t, v);
             }
         }
@@ -61,7 +81,13 @@ impl Fixture {
 }
 
 fn only(v: &Verdict, class: Class, n: u64) {
-    assert_eq!(v.classes.get(&class), Some(&n), "expected {n} x {class}: {:?} {:?}", v.classes, v.examples);
+    assert_eq!(
+        v.classes.get(&class),
+        Some(&n),
+        "expected {n} x {class}: {:?} {:?}",
+        v.classes,
+        v.examples
+    );
     assert_eq!(v.classes.len(), 1, "only {class} expected: {:?}", v.classes);
 }
 
@@ -72,7 +98,11 @@ fn chunked_output_is_within_bounds() {
     assert!(v.is_clean());
     assert_eq!(v.metrics.checked, f.case.valid_elements());
     assert!(v.metrics.max_err_over_bound <= 1.0);
-    assert!(v.metrics.calc_diff.abs() < 1e-6, "calc_diff {}", v.metrics.calc_diff);
+    assert!(
+        v.metrics.calc_diff.abs() < 1e-6,
+        "calc_diff {}",
+        v.metrics.calc_diff
+    );
     assert!(v.guard.redundant);
 }
 
@@ -135,10 +165,16 @@ fn outside_valid_set_is_statistics_only_under_any() {
     f.out.set(0, 300, 12.5);
     let v = f.judge();
     assert!(v.is_clean(), "{:?}", v.classes);
-    assert!(v.guard.redundant, "NaN/inf outside V(r) do not matter to the guard");
+    assert!(
+        v.guard.redundant,
+        "NaN/inf outside V(r) do not matter to the guard"
+    );
     assert!(v.outside.nan >= 1 && v.outside.pos_inf >= 1 && v.outside.finite >= 1);
     let rows = f.case.rows() as u64;
-    assert_eq!(v.outside.elements, rows * f.case.max_model_len as u64 - f.case.valid_elements());
+    assert_eq!(
+        v.outside.elements,
+        rows * f.case.max_model_len as u64 - f.case.valid_elements()
+    );
 }
 
 #[test]
@@ -161,7 +197,10 @@ fn neg_inf_contract() {
 #[test]
 fn oob_write_into_guards_and_row_padding() {
     let mut f = small();
-    assert!(f.case.out_row_stride > f.case.max_model_len, "the fixture has row padding");
+    assert!(
+        f.case.out_row_stride > f.case.max_model_len,
+        "the fixture has row padding"
+    );
     let (rows, stride, cols) = (f.case.rows(), f.case.out_row_stride, f.case.max_model_len);
     {
         let (raw, base) = f.out.raw_mut();
@@ -180,12 +219,27 @@ fn oob_write_into_guards_and_row_padding() {
 #[test]
 fn input_mutated() {
     let f = small();
-    let info = RunInfo { inputs_intact: Some(false), ..Default::default() };
-    let v = judge(&f.case, &f.reference, &f.caps, Ok((&info, &f.out)), &OracleConfig::default());
+    let info = RunInfo {
+        inputs_intact: Some(false),
+        ..Default::default()
+    };
+    let v = judge(
+        &f.case,
+        &f.reference,
+        &f.caps,
+        Ok((&info, &f.out)),
+        &OracleConfig::default(),
+    );
     only(&v, Class::InputMutated, 1);
     // Unknown (None) is not a finding.
     let info = RunInfo::default();
-    let v = judge(&f.case, &f.reference, &f.caps, Ok((&info, &f.out)), &OracleConfig::default());
+    let v = judge(
+        &f.case,
+        &f.reference,
+        &f.caps,
+        Ok((&info, &f.out)),
+        &OracleConfig::default(),
+    );
     assert!(v.is_clean());
 }
 
@@ -193,11 +247,27 @@ fn input_mutated() {
 fn crash_and_skip() {
     let f = small();
     let e = RunError::Crash("illegal address".into());
-    let v = judge(&f.case, &f.reference, &f.caps, Err(&e), &OracleConfig::default());
+    let v = judge(
+        &f.case,
+        &f.reference,
+        &f.caps,
+        Err(&e),
+        &OracleConfig::default(),
+    );
     only(&v, Class::Crash, 1);
-    assert!(v.examples[0].detail.as_deref().unwrap().contains("illegal address"));
+    assert!(v.examples[0]
+        .detail
+        .as_deref()
+        .unwrap()
+        .contains("illegal address"));
     let e = RunError::Skipped("format".into());
-    let v = judge(&f.case, &f.reference, &f.caps, Err(&e), &OracleConfig::default());
+    let v = judge(
+        &f.case,
+        &f.reference,
+        &f.caps,
+        Err(&e),
+        &OracleConfig::default(),
+    );
     assert!(v.is_clean() && v.skipped.is_some());
 }
 
@@ -208,9 +278,15 @@ fn crash_and_skip() {
 fn tie_fixture() -> (Fixture, Vec<usize>) {
     let mut case = recipe(vec![64], 1).materialize();
     let rref = reference::compute_row(&case, ScalePlacement::AfterReluSum, 0);
-    let top = (0..64).max_by(|&a, &b| rref.value[a].total_cmp(&rref.value[b])).unwrap();
+    let top = (0..64)
+        .max_by(|&a, &b| rref.value[a].total_cmp(&rref.value[b]))
+        .unwrap();
     assert!(rref.value[top] > 0.0);
-    let copies = [10usize, 20, 30, 40].into_iter().filter(|&t| t != top).take(3).collect::<Vec<_>>();
+    let copies = [10usize, 20, 30, 40]
+        .into_iter()
+        .filter(|&t| t != top)
+        .take(3)
+        .collect::<Vec<_>>();
     let s = case.shape.clone();
     let (id, p) = case.token_location(0, top);
     let block = case.block(id).to_vec();
@@ -230,7 +306,10 @@ fn tie_fixture() -> (Fixture, Vec<usize>) {
 fn topk_ties_at_the_kth_value_pass() {
     let (mut f, tied) = tie_fixture();
     for k in [1, 2, 3] {
-        let cfg = OracleConfig { topk: k, ..Default::default() };
+        let cfg = OracleConfig {
+            topk: k,
+            ..Default::default()
+        };
         let v = f.judge_cfg(&cfg);
         assert!(v.is_clean(), "k={k}: {:?} {:?}", v.classes, v.examples);
         assert_eq!((v.topk.rows_checked, v.topk.rows_failed), (1, 0));
@@ -240,7 +319,10 @@ fn topk_ties_at_the_kth_value_pass() {
     let t = *tied.last().unwrap();
     let b = f.bound(0, t);
     f.out.set(0, t, (f.exact(0, t) + 0.5 * b) as f32);
-    let v = f.judge_cfg(&OracleConfig { topk: 1, ..Default::default() });
+    let v = f.judge_cfg(&OracleConfig {
+        topk: 1,
+        ..Default::default()
+    });
     assert!(v.is_clean(), "{:?} {:?}", v.classes, v.examples);
 }
 
@@ -249,7 +331,9 @@ fn topk_swap_beyond_bounds_fails() {
     let (mut f, tied) = tie_fixture();
     let rref = f.reference.rows[0].clone().unwrap();
     // The smallest logit of the row, far below the top.
-    let low = (0..64).min_by(|&a, &b| rref.value[a].total_cmp(&rref.value[b])).unwrap();
+    let low = (0..64)
+        .min_by(|&a, &b| rref.value[a].total_cmp(&rref.value[b]))
+        .unwrap();
     let high = tied[0];
     assert!(rref.value[high] - rref.value[low] > 100.0 * (f.bound(0, high) + f.bound(0, low)));
     let (a, b) = (f.out.get(0, high), f.out.get(0, low));
@@ -258,11 +342,17 @@ fn topk_swap_beyond_bounds_fails() {
     for &t in &tied {
         f.out.set(0, t, b);
     }
-    let v = f.judge_cfg(&OracleConfig { topk: 1, ..Default::default() });
+    let v = f.judge_cfg(&OracleConfig {
+        topk: 1,
+        ..Default::default()
+    });
     assert_eq!(v.classes.get(&Class::Topk), Some(&1), "{:?}", v.classes);
     assert_eq!(v.topk.rows_failed, 1);
     // k = 0 disables the check.
-    let v = f.judge_cfg(&OracleConfig { topk: 0, ..Default::default() });
+    let v = f.judge_cfg(&OracleConfig {
+        topk: 0,
+        ..Default::default()
+    });
     assert!(!v.classes.contains_key(&Class::Topk));
     assert_eq!(v.topk.rows_checked, 0);
 }
@@ -271,11 +361,17 @@ fn topk_swap_beyond_bounds_fails() {
 fn topk_fails_on_nan_in_row_and_skips_short_rows() {
     let (mut f, _) = tie_fixture();
     f.out.set(0, 50, f32::NAN);
-    let v = f.judge_cfg(&OracleConfig { topk: 8, ..Default::default() });
+    let v = f.judge_cfg(&OracleConfig {
+        topk: 8,
+        ..Default::default()
+    });
     assert_eq!(v.classes.get(&Class::Topk), Some(&1));
     assert_eq!(v.classes.get(&Class::Nan), Some(&1));
     // |V(r)| = 64 is not longer than k = 64: no top-k check.
-    let v = f.judge_cfg(&OracleConfig { topk: 64, ..Default::default() });
+    let v = f.judge_cfg(&OracleConfig {
+        topk: 64,
+        ..Default::default()
+    });
     assert_eq!(v.topk.rows_checked, 0);
     assert!(!v.classes.contains_key(&Class::Topk));
 }
@@ -286,7 +382,15 @@ fn guard_verdict_counts_neg_inf_in_valid_set() {
     f.out.set(0, 0, f32::NEG_INFINITY);
     let v = f.judge();
     assert!(!v.guard.redundant);
-    assert_eq!((v.guard.nan, v.guard.pos_inf, v.guard.neg_inf, v.guard.rows_affected), (0, 0, 1, 1));
+    assert_eq!(
+        (
+            v.guard.nan,
+            v.guard.pos_inf,
+            v.guard.neg_inf,
+            v.guard.rows_affected
+        ),
+        (0, 0, 1, 1)
+    );
     // A run with no NaN/inf anywhere in V(r) makes the guard redundant.
     assert!(small().judge().guard.redundant);
 }
@@ -294,7 +398,11 @@ fn guard_verdict_counts_neg_inf_in_valid_set() {
 #[test]
 fn sampled_reference_still_reports_the_guard() {
     let mut f = small();
-    f.reference = reference::compute(&f.case, ScalePlacement::AfterReluSum, &RowSelection::Rows(vec![0]));
+    f.reference = reference::compute(
+        &f.case,
+        ScalePlacement::AfterReluSum,
+        &RowSelection::Rows(vec![0]),
+    );
     f.out.set(5, 1, f32::NAN); // row 5 is not in the sample
     let v = f.judge();
     assert!(!v.guard.redundant);

@@ -26,7 +26,11 @@ fn caught(plant: Plant, case: &Case, class: Class) {
 #[test]
 fn tail_unwritten() {
     // 300 tokens: one full chunk of 256 and a partial one of 44.
-    caught(Plant::TailUnwritten, &recipe(vec![300, 7], 1).materialize(), Class::Unwritten);
+    caught(
+        Plant::TailUnwritten,
+        &recipe(vec![300, 7], 1).materialize(),
+        Class::Unwritten,
+    );
 }
 
 #[test]
@@ -37,9 +41,18 @@ fn offset32_kv() {
     let case = r.materialize();
     let stride = case.kv_block_stride;
     let ids: Vec<u64> = case.kv.blocks.keys().copied().collect();
-    assert!(ids.iter().any(|&id| id * stride < 1 << 32), "some blocks below 4 GiB");
-    assert!(ids.iter().any(|&id| id * stride >= 1 << 32), "some blocks past 4 GiB");
-    assert!(case.kv.blocks.len() < 20, "the host holds only referenced blocks");
+    assert!(
+        ids.iter().any(|&id| id * stride < 1 << 32),
+        "some blocks below 4 GiB"
+    );
+    assert!(
+        ids.iter().any(|&id| id * stride >= 1 << 32),
+        "some blocks past 4 GiB"
+    );
+    assert!(
+        case.kv.blocks.len() < 20,
+        "the host holds only referenced blocks"
+    );
     // Wrapped offsets read poisoned (NaN) memory.
     caught(Plant::Offset32Kv, &case, Class::Nan);
 }
@@ -51,7 +64,11 @@ fn offset32_out() {
     // Wide rows keep the number of padding rows (and the recipe's work) small.
     r.model_len_slack = (1 << 20) - 20;
     let case = r.materialize();
-    assert!(case.output_bytes() > 1 << 31, "output passes 2 GiB: {}", case.output_bytes());
+    assert!(
+        case.output_bytes() > 1 << 31,
+        "output passes 2 GiB: {}",
+        case.output_bytes()
+    );
     // The real sequences are the last rows, past 2 GiB.
     let last = case.rows() - 1;
     assert!(case.valid_len(last) > 0);
@@ -61,7 +78,11 @@ fn offset32_out() {
 
 #[test]
 fn mask_off_by_one() {
-    caught(Plant::MaskOffByOne, &recipe(vec![300, 17, 2], 2).materialize(), Class::Inf);
+    caught(
+        Plant::MaskOffByOne,
+        &recipe(vec![300, 17, 2], 2).materialize(),
+        Class::Inf,
+    );
 }
 
 #[test]
@@ -180,7 +201,11 @@ fn every_plant_has_a_test() {
         "store-past-end",
     ];
     for p in Plant::ALL {
-        assert!(tested.contains(&p.name()), "planted bug {} has no test", p.name());
+        assert!(
+            tested.contains(&p.name()),
+            "planted bug {} has no test",
+            p.name()
+        );
     }
     let _ = ContextLens::PerSequence(vec![]);
 }

@@ -5,7 +5,9 @@
 mod common;
 
 use common::recipe;
-use mqa_fuzz::case::{BlockTable, Case, ContextLens, ScalePlacement, Shape, SparseKvCache, ValueLayout};
+use mqa_fuzz::case::{
+    BlockTable, Case, ContextLens, ScalePlacement, Shape, SparseKvCache, ValueLayout,
+};
 use mqa_fuzz::fp8::Fp8Format;
 use mqa_fuzz::generate::{LensRecipe, ValueKind};
 use mqa_fuzz::reference::{compute, element, RowSelection};
@@ -16,7 +18,11 @@ use std::collections::BTreeMap;
 /// An fp8 code as an exact integer times 2^-9 (fn) or 2^-10 (fnuz), or `None` for NaN.
 /// Straight from the bit fields: sign, 4-bit exponent, 3-bit mantissa.
 fn fixed_point(format: Fp8Format, code: u8) -> Option<i64> {
-    let (sign, e, m) = ((code >> 7) as i64, ((code >> 3) & 15) as i64, (code & 7) as i64);
+    let (sign, e, m) = (
+        (code >> 7) as i64,
+        ((code >> 3) & 15) as i64,
+        (code & 7) as i64,
+    );
     let nan = match format {
         Fp8Format::E4m3fn => e == 15 && m == 7,
         Fp8Format::E4m3fnuz => code == 0x80,
@@ -57,7 +63,11 @@ fn naive_logit(c: &Case, placement: ScalePlacement, r: usize, t: usize) -> f64 {
         let mut dot: Option<i64> = Some(0);
         for d in 0..d_ {
             let q = c.q[((b * n + i) * h_ + h) * d_ + d];
-            dot = match (dot, fixed_point(s.format, q), fixed_point(s.format, block[off(d)])) {
+            dot = match (
+                dot,
+                fixed_point(s.format, q),
+                fixed_point(s.format, block[off(d)]),
+            ) {
                 (Some(acc), Some(x), Some(y)) => Some(acc + x * y),
                 _ => None,
             };
@@ -98,10 +108,16 @@ fn check_against_naive(c: &Case) -> usize {
             assert_eq!(row.value.len(), naive_valid_len(c, r), "row {r}");
             for (t, &v) in row.value.iter().enumerate() {
                 let want = naive_logit(c, placement, r, t);
-                assert!(same(v, want, row.relu_mag[t]), "{placement:?} row {r} t {t}: reference {v}, naive {want}");
+                assert!(
+                    same(v, want, row.relu_mag[t]),
+                    "{placement:?} row {r} t {t}: reference {v}, naive {want}"
+                );
                 let (e, m, a) = element(c, placement, r, t);
                 assert!(same(e, want, m), "element() row {r} t {t}: {e} vs {want}");
-                assert!(a >= m || a.is_nan() || m.is_nan(), "abs_mag {a} < relu_mag {m}");
+                assert!(
+                    a >= m || a.is_nan() || m.is_nan(),
+                    "abs_mag {a} < relu_mag {m}"
+                );
                 compared += 1;
             }
         }
@@ -182,21 +198,42 @@ fn negative_scales_compared_in_both_placements() {
     check_against_naive(&c);
     let a = compute(&c, ScalePlacement::AfterReluSum, &RowSelection::All);
     let b = compute(&c, ScalePlacement::InsideRelu, &RowSelection::All);
-    assert_ne!(a.rows[0].as_ref().unwrap().value, b.rows[0].as_ref().unwrap().value);
+    assert_ne!(
+        a.rows[0].as_ref().unwrap().value,
+        b.rows[0].as_ref().unwrap().value
+    );
 }
 
 // ---- hand-computed cases -------------------------------------------------------
 
 /// One sequence, H heads, D = 16, block size 2, physical block of logical block j is
 /// 3j+1 (table padded with -1). `keys[t] = (code for every d, scale)`.
-fn hand_case(format: Fp8Format, next_n: usize, q: Vec<u8>, weights: Vec<f32>, keys: &[(Vec<u8>, f32)], lens: ContextLens, mml: usize) -> Case {
+fn hand_case(
+    format: Fp8Format,
+    next_n: usize,
+    q: Vec<u8>,
+    weights: Vec<f32>,
+    keys: &[(Vec<u8>, f32)],
+    lens: ContextLens,
+    mml: usize,
+) -> Case {
     let (d, bs) = (16, 2);
     let heads = weights.len() / next_n;
-    let shape = Shape { batch: 1, next_n, heads, head_dim: d, block_size: bs, layout: ValueLayout::Normal, format };
+    let shape = Shape {
+        batch: 1,
+        next_n,
+        heads,
+        head_dim: d,
+        block_size: bs,
+        layout: ValueLayout::Normal,
+        format,
+    };
     let nblk = keys.len().div_ceil(bs);
     let mut blocks = BTreeMap::new();
     for (t, (codes, scale)) in keys.iter().enumerate() {
-        let b = blocks.entry(3 * (t / bs) as u64 + 1).or_insert_with(|| vec![0u8; shape.block_bytes()]);
+        let b = blocks
+            .entry(3 * (t / bs) as u64 + 1)
+            .or_insert_with(|| vec![0u8; shape.block_bytes()]);
         Case::write_token(&shape, b, t % bs, codes, *scale);
     }
     let mut entries: Vec<i64> = (0..nblk).map(|j| 3 * j as i64 + 1).collect();
@@ -206,7 +243,11 @@ fn hand_case(format: Fp8Format, next_n: usize, q: Vec<u8>, weights: Vec<f32>, ke
         num_blocks: 3 * nblk as u64 + 2,
         kv_block_stride: 2 * (16 + 4) + 12,
         context_lens: lens,
-        block_table: BlockTable { max_blocks: nblk + 1, row_stride: nblk + 2, entries },
+        block_table: BlockTable {
+            max_blocks: nblk + 1,
+            row_stride: nblk + 2,
+            entries,
+        },
         max_model_len: mml,
         out_row_stride: mml + 1,
         q,
@@ -223,7 +264,11 @@ fn v16(code: u8) -> Vec<u8> {
 }
 
 fn values(c: &Case, placement: ScalePlacement) -> Vec<Vec<f64>> {
-    compute(c, placement, &RowSelection::All).rows.into_iter().map(|r| r.unwrap().value).collect()
+    compute(c, placement, &RowSelection::All)
+        .rows
+        .into_iter()
+        .map(|r| r.unwrap().value)
+        .collect()
 }
 
 #[test]
@@ -232,7 +277,15 @@ fn hand_one_head() {
     // logit = 0.5 * 0.25 * 32 = 4. Token 1: k = -1.0 (0xB8), dot = -16, relu 0: logit 0.
     // Token 2: k = 0.5 (0x30) with s = 3: 3 * 0.25 * 8 = 6.
     let keys = vec![(v16(0x40), 0.5), (v16(0xB8), 0.5), (v16(0x30), 3.0)];
-    let c = hand_case(Fp8Format::E4m3fn, 1, v16(0x38), vec![0.25], &keys, ContextLens::PerSequence(vec![3]), 4);
+    let c = hand_case(
+        Fp8Format::E4m3fn,
+        1,
+        v16(0x38),
+        vec![0.25],
+        &keys,
+        ContextLens::PerSequence(vec![3]),
+        4,
+    );
     for p in [ScalePlacement::AfterReluSum, ScalePlacement::InsideRelu] {
         assert_eq!(values(&c, p), vec![vec![4.0, 0.0, 6.0]], "{p:?}");
     }
@@ -247,19 +300,49 @@ fn hand_two_heads_and_negative_scale() {
     // s = 0.5: after-relu-sum: 0.5 * (0.25*32 + 3*0) = 4; inside: 0.25*16 + 3*0 = 4.
     // s = -0.5: after: -0.5 * 8 = -4; inside: 0.25*relu(-16) + 3*relu(16) = 48.
     let keys = vec![(v16(0x40), 0.5), (v16(0x40), -0.5)];
-    let c = hand_case(Fp8Format::E4m3fn, 1, q, w, &keys, ContextLens::PerSequence(vec![2]), 2);
-    assert_eq!(values(&c, ScalePlacement::AfterReluSum), vec![vec![4.0, -4.0]]);
-    assert_eq!(values(&c, ScalePlacement::InsideRelu), vec![vec![4.0, 48.0]]);
+    let c = hand_case(
+        Fp8Format::E4m3fn,
+        1,
+        q,
+        w,
+        &keys,
+        ContextLens::PerSequence(vec![2]),
+        2,
+    );
+    assert_eq!(
+        values(&c, ScalePlacement::AfterReluSum),
+        vec![vec![4.0, -4.0]]
+    );
+    assert_eq!(
+        values(&c, ScalePlacement::InsideRelu),
+        vec![vec![4.0, 48.0]]
+    );
 }
 
 #[test]
 fn hand_fnuz_values() {
     // fnuz: 0x40 is 1.0 and 0x48 is 2.0 (bias 8). dot = 16 * 2 = 32, w = 1, s = 1.
     let keys = vec![(v16(0x48), 1.0)];
-    let c = hand_case(Fp8Format::E4m3fnuz, 1, v16(0x40), vec![1.0], &keys, ContextLens::PerSequence(vec![1]), 1);
+    let c = hand_case(
+        Fp8Format::E4m3fnuz,
+        1,
+        v16(0x40),
+        vec![1.0],
+        &keys,
+        ContextLens::PerSequence(vec![1]),
+        1,
+    );
     assert_eq!(values(&c, ScalePlacement::AfterReluSum), vec![vec![32.0]]);
     // The same codes read as e4m3fn are twice as large each: 128.
-    let c = hand_case(Fp8Format::E4m3fn, 1, v16(0x40), vec![1.0], &keys, ContextLens::PerSequence(vec![1]), 1);
+    let c = hand_case(
+        Fp8Format::E4m3fn,
+        1,
+        v16(0x40),
+        vec![1.0],
+        &keys,
+        ContextLens::PerSequence(vec![1]),
+        1,
+    );
     assert_eq!(values(&c, ScalePlacement::AfterReluSum), vec![vec![128.0]]);
 }
 
@@ -267,8 +350,19 @@ fn hand_fnuz_values() {
 fn hand_smallest_subnormals_are_exact() {
     // fn subnormal 0x01 = 2^-9: dot = 16 * 2^-18 = 2^-14 exactly.
     let keys = vec![(v16(0x01), 1.0)];
-    let c = hand_case(Fp8Format::E4m3fn, 1, v16(0x01), vec![1.0], &keys, ContextLens::PerSequence(vec![1]), 1);
-    assert_eq!(values(&c, ScalePlacement::AfterReluSum), vec![vec![2f64.powi(-14)]]);
+    let c = hand_case(
+        Fp8Format::E4m3fn,
+        1,
+        v16(0x01),
+        vec![1.0],
+        &keys,
+        ContextLens::PerSequence(vec![1]),
+        1,
+    );
+    assert_eq!(
+        values(&c, ScalePlacement::AfterReluSum),
+        vec![vec![2f64.powi(-14)]]
+    );
 }
 
 #[test]
@@ -279,22 +373,54 @@ fn hand_nan_propagates_through_relu() {
     q1[5] = 0x7F;
     let q = [v16(0x38), q1].concat();
     let keys = vec![(v16(0x40), 0.5)];
-    let c = hand_case(Fp8Format::E4m3fn, 1, q, vec![0.25, 3.0], &keys, ContextLens::PerSequence(vec![1]), 1);
+    let c = hand_case(
+        Fp8Format::E4m3fn,
+        1,
+        q,
+        vec![0.25, 3.0],
+        &keys,
+        ContextLens::PerSequence(vec![1]),
+        1,
+    );
     for p in [ScalePlacement::AfterReluSum, ScalePlacement::InsideRelu] {
         assert!(values(&c, p)[0][0].is_nan(), "{p:?}");
     }
     // A zero weight does not cancel it either (0 * NaN = NaN).
     let mut q0 = v16(0x38);
     q0[0] = 0xFF;
-    let c = hand_case(Fp8Format::E4m3fn, 1, q0, vec![0.0], &keys, ContextLens::PerSequence(vec![1]), 1);
+    let c = hand_case(
+        Fp8Format::E4m3fn,
+        1,
+        q0,
+        vec![0.0],
+        &keys,
+        ContextLens::PerSequence(vec![1]),
+        1,
+    );
     assert!(values(&c, ScalePlacement::AfterReluSum)[0][0].is_nan());
     // fnuz NaN is 0x80 in the key.
     let mut k = v16(0x40);
     k[15] = 0x80;
-    let c = hand_case(Fp8Format::E4m3fnuz, 1, v16(0x40), vec![1.0], &[(k, 1.0)], ContextLens::PerSequence(vec![1]), 1);
+    let c = hand_case(
+        Fp8Format::E4m3fnuz,
+        1,
+        v16(0x40),
+        vec![1.0],
+        &[(k, 1.0)],
+        ContextLens::PerSequence(vec![1]),
+        1,
+    );
     assert!(values(&c, ScalePlacement::InsideRelu)[0][0].is_nan());
     // A NaN scale: NaN too.
-    let c = hand_case(Fp8Format::E4m3fn, 1, v16(0x38), vec![1.0], &[(v16(0x40), f32::NAN)], ContextLens::PerSequence(vec![1]), 1);
+    let c = hand_case(
+        Fp8Format::E4m3fn,
+        1,
+        v16(0x38),
+        vec![1.0],
+        &[(v16(0x40), f32::NAN)],
+        ContextLens::PerSequence(vec![1]),
+        1,
+    );
     assert!(values(&c, ScalePlacement::AfterReluSum)[0][0].is_nan());
 }
 
@@ -304,14 +430,47 @@ fn hand_valid_sets_1d_and_2d() {
     // Keys: token t has k = 1.0 and scale t+1, q = 1.0, w = 1: logit = 16 (t+1).
     let keys: Vec<(Vec<u8>, f32)> = (0..5).map(|t| (v16(0x38), (t + 1) as f32)).collect();
     let q = [v16(0x38), v16(0x38)].concat();
-    let c = hand_case(Fp8Format::E4m3fn, 2, q.clone(), vec![1.0, 1.0], &keys, ContextLens::PerSequence(vec![3]), 5);
-    assert_eq!(values(&c, ScalePlacement::AfterReluSum), vec![vec![16.0, 32.0], vec![16.0, 32.0, 48.0]]);
+    let c = hand_case(
+        Fp8Format::E4m3fn,
+        2,
+        q.clone(),
+        vec![1.0, 1.0],
+        &keys,
+        ContextLens::PerSequence(vec![3]),
+        5,
+    );
+    assert_eq!(
+        values(&c, ScalePlacement::AfterReluSum),
+        vec![vec![16.0, 32.0], vec![16.0, 32.0, 48.0]]
+    );
     // ctx = 1 < next_n = 2: row 0 sees nothing, row 1 sees token 0.
-    let c = hand_case(Fp8Format::E4m3fn, 2, q.clone(), vec![1.0, 1.0], &keys[..1], ContextLens::PerSequence(vec![1]), 5);
-    assert_eq!(values(&c, ScalePlacement::AfterReluSum), vec![vec![], vec![16.0]]);
+    let c = hand_case(
+        Fp8Format::E4m3fn,
+        2,
+        q.clone(),
+        vec![1.0, 1.0],
+        &keys[..1],
+        ContextLens::PerSequence(vec![1]),
+        5,
+    );
+    assert_eq!(
+        values(&c, ScalePlacement::AfterReluSum),
+        vec![vec![], vec![16.0]]
+    );
     // 2-D: lengths per token, not causal.
-    let c = hand_case(Fp8Format::E4m3fn, 2, q, vec![1.0, 1.0], &keys, ContextLens::PerToken(vec![vec![5, 2]]), 5);
-    assert_eq!(values(&c, ScalePlacement::AfterReluSum), vec![vec![16.0, 32.0, 48.0, 64.0, 80.0], vec![16.0, 32.0]]);
+    let c = hand_case(
+        Fp8Format::E4m3fn,
+        2,
+        q,
+        vec![1.0, 1.0],
+        &keys,
+        ContextLens::PerToken(vec![vec![5, 2]]),
+        5,
+    );
+    assert_eq!(
+        values(&c, ScalePlacement::AfterReluSum),
+        vec![vec![16.0, 32.0, 48.0, 64.0, 80.0], vec![16.0, 32.0]]
+    );
 }
 
 #[test]

@@ -200,7 +200,9 @@ pub(crate) fn from_hex(s: &str) -> Result<Vec<u8>, String> {
             _ => Err(format!("invalid hex character {:?}", c as char)),
         }
     };
-    s.chunks(2).map(|p| Ok(nib(p[0])? << 4 | nib(p[1])?)).collect()
+    s.chunks(2)
+        .map(|p| Ok(nib(p[0])? << 4 | nib(p[1])?))
+        .collect()
 }
 
 // ---- Load -------------------------------------------------------------------------
@@ -209,14 +211,25 @@ pub(crate) fn from_hex(s: &str) -> Result<Vec<u8>, String> {
 pub fn load_case_file(path: &Path) -> Result<CaseFile, CaseFileError> {
     let meta = std::fs::metadata(path).map_err(|e| ferr(path, "file", e.to_string()))?;
     if meta.len() > MAX_JSON_BYTES {
-        return Err(ferr(path, "file", format!("{} bytes is above the {MAX_JSON_BYTES}-byte limit", meta.len())));
+        return Err(ferr(
+            path,
+            "file",
+            format!(
+                "{} bytes is above the {MAX_JSON_BYTES}-byte limit",
+                meta.len()
+            ),
+        ));
     }
     let text = std::fs::read(path).map_err(|e| ferr(path, "file", e.to_string()))?;
     if text.iter().all(|b| b.is_ascii_whitespace()) {
         return Err(ferr(path, "file", "is empty"));
     }
     if text.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
-        return Err(ferr(path, "json", "a corpus file must hold one JSON object ({ ... })"));
+        return Err(ferr(
+            path,
+            "json",
+            "a corpus file must hold one JSON object ({ ... })",
+        ));
     }
     // Check the version before the full parse, so an unknown version gets a clear
     // message instead of a field error from a format we do not know.
@@ -232,7 +245,9 @@ pub fn load_case_file(path: &Path) -> Result<CaseFile, CaseFileError> {
                 return Err(ferr(
                     path,
                     "format_version",
-                    format!("{other} is not supported (this mqa-fuzz reads version {FORMAT_VERSION})"),
+                    format!(
+                        "{other} is not supported (this mqa-fuzz reads version {FORMAT_VERSION})"
+                    ),
                 ))
             }
         }
@@ -246,7 +261,15 @@ pub fn load_case_file(path: &Path) -> Result<CaseFile, CaseFileError> {
         } else {
             inner.to_string()
         };
-        ferr(path, if field == "." { "json".to_string() } else { field }, msg)
+        ferr(
+            path,
+            if field == "." {
+                "json".to_string()
+            } else {
+                field
+            },
+            msg,
+        )
     })?;
     let case = case_from_json(path, parsed.case)?;
     case.validate()
@@ -281,17 +304,27 @@ fn case_from_json(path: &Path, c: CaseJson) -> Result<Case, CaseFileError> {
         kv: SparseKvCache::default(),
     };
     // Shape limits first: nothing below allocates from an unchecked dimension.
-    super::validate::validate_shape_dims(&case).map_err(|e| ferr(path, format!("case.{}", e.field), e.message))?;
+    super::validate::validate_shape_dims(&case)
+        .map_err(|e| ferr(path, format!("case.{}", e.field), e.message))?;
     let bb = case.shape.block_bytes();
     match c.tensors {
-        TensorsJson::Inline { q, weights, kv_blocks } => {
+        TensorsJson::Inline {
+            q,
+            weights,
+            kv_blocks,
+        } => {
             case.q = from_hex(&q).map_err(|m| ferr(path, "case.tensors.inline.q", m))?;
             case.weights = weights.into_iter().map(|w| w.0).collect();
             for (k, v) in kv_blocks {
                 let id: u64 = k.parse().map_err(|_| {
-                    ferr(path, format!("case.tensors.inline.kv_blocks.{k}"), "block id is not a non-negative integer")
+                    ferr(
+                        path,
+                        format!("case.tensors.inline.kv_blocks.{k}"),
+                        "block id is not a non-negative integer",
+                    )
                 })?;
-                let bytes = from_hex(&v).map_err(|m| ferr(path, format!("case.tensors.inline.kv_blocks.{k}"), m))?;
+                let bytes = from_hex(&v)
+                    .map_err(|m| ferr(path, format!("case.tensors.inline.kv_blocks.{k}"), m))?;
                 if bytes.len() != bb {
                     return Err(ferr(
                         path,
@@ -300,17 +333,33 @@ fn case_from_json(path: &Path, c: CaseJson) -> Result<Case, CaseFileError> {
                     ));
                 }
                 if case.kv.blocks.insert(id, bytes).is_some() {
-                    return Err(ferr(path, format!("case.tensors.inline.kv_blocks.{k}"), format!("block {id} is given twice")));
+                    return Err(ferr(
+                        path,
+                        format!("case.tensors.inline.kv_blocks.{k}"),
+                        format!("block {id} is given twice"),
+                    ));
                 }
             }
         }
         TensorsJson::Safetensors(rel) => {
             let st_path = sibling(path, &rel).ok_or_else(|| {
-                ferr(path, "case.tensors.safetensors", format!("{rel:?} must be a plain file name beside the JSON"))
+                ferr(
+                    path,
+                    "case.tensors.safetensors",
+                    format!("{rel:?} must be a plain file name beside the JSON"),
+                )
             })?;
             // Name the JSON file (what the user passed) and the tensor file with its field.
             load_tensors(&st_path, &mut case).map_err(|e| {
-                ferr(path, format!("case.tensors.safetensors ({}) {}", st_path.display(), e.field), e.message)
+                ferr(
+                    path,
+                    format!(
+                        "case.tensors.safetensors ({}) {}",
+                        st_path.display(),
+                        e.field
+                    ),
+                    e.message,
+                )
             })?;
         }
     }
@@ -329,28 +378,55 @@ fn load_tensors(path: &Path, case: &mut Case) -> Result<(), CaseFileError> {
     use safetensors::{Dtype, SafeTensors};
     let meta = std::fs::metadata(path).map_err(|e| ferr(path, "file", e.to_string()))?;
     if meta.len() > MAX_TENSOR_BYTES {
-        return Err(ferr(path, "file", format!("{} bytes is above the {MAX_TENSOR_BYTES}-byte limit", meta.len())));
+        return Err(ferr(
+            path,
+            "file",
+            format!(
+                "{} bytes is above the {MAX_TENSOR_BYTES}-byte limit",
+                meta.len()
+            ),
+        ));
     }
     let bytes = std::fs::read(path).map_err(|e| ferr(path, "file", e.to_string()))?;
     let st = SafeTensors::deserialize(&bytes).map_err(|e| ferr(path, "header", e.to_string()))?;
     let get = |name: &str, dtype: Dtype| -> Result<(Vec<usize>, &[u8]), CaseFileError> {
-        let t = st.tensor(name).map_err(|_| ferr(path, name, "tensor is missing"))?;
+        let t = st
+            .tensor(name)
+            .map_err(|_| ferr(path, name, "tensor is missing"))?;
         if t.dtype() != dtype {
-            return Err(ferr(path, name, format!("dtype is {:?}, expected {dtype:?}", t.dtype())));
+            return Err(ferr(
+                path,
+                name,
+                format!("dtype is {:?}, expected {dtype:?}", t.dtype()),
+            ));
         }
         Ok((t.shape().to_vec(), t.data()))
     };
     let s = case.shape.clone();
     let (shape, q) = get("q", Dtype::U8)?;
     if shape != [s.batch, s.next_n, s.heads, s.head_dim] {
-        return Err(ferr(path, "q", format!("shape {shape:?}, expected [{}, {}, {}, {}]", s.batch, s.next_n, s.heads, s.head_dim)));
+        return Err(ferr(
+            path,
+            "q",
+            format!(
+                "shape {shape:?}, expected [{}, {}, {}, {}]",
+                s.batch, s.next_n, s.heads, s.head_dim
+            ),
+        ));
     }
     case.q = q.to_vec();
     let (shape, w) = get("weights", Dtype::F32)?;
     if shape != [s.rows(), s.heads] {
-        return Err(ferr(path, "weights", format!("shape {shape:?}, expected [{}, {}]", s.rows(), s.heads)));
+        return Err(ferr(
+            path,
+            "weights",
+            format!("shape {shape:?}, expected [{}, {}]", s.rows(), s.heads),
+        ));
     }
-    case.weights = w.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+    case.weights = w
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
     let (id_shape, ids) = get("kv_block_ids", Dtype::I64)?;
     let (blk_shape, blks) = get("kv_blocks", Dtype::U8)?;
     let n = *id_shape.first().unwrap_or(&0);
@@ -358,17 +434,33 @@ fn load_tensors(path: &Path, case: &mut Case) -> Result<(), CaseFileError> {
         return Err(ferr(
             path,
             "kv_blocks",
-            format!("shape {blk_shape:?} with {id_shape:?} ids, expected [{n}, {}]", s.block_bytes()),
+            format!(
+                "shape {blk_shape:?} with {id_shape:?} ids, expected [{n}, {}]",
+                s.block_bytes()
+            ),
         ));
     }
     for (k, id) in ids.chunks_exact(8).enumerate() {
         let id = i64::from_le_bytes(id.try_into().unwrap());
         if id < 0 {
-            return Err(ferr(path, format!("kv_block_ids[{k}]"), format!("{id} is negative")));
+            return Err(ferr(
+                path,
+                format!("kv_block_ids[{k}]"),
+                format!("{id} is negative"),
+            ));
         }
         let bb = s.block_bytes();
-        if case.kv.blocks.insert(id as u64, blks[k * bb..(k + 1) * bb].to_vec()).is_some() {
-            return Err(ferr(path, format!("kv_block_ids[{k}]"), format!("block {id} is given twice")));
+        if case
+            .kv
+            .blocks
+            .insert(id as u64, blks[k * bb..(k + 1) * bb].to_vec())
+            .is_some()
+        {
+            return Err(ferr(
+                path,
+                format!("kv_block_ids[{k}]"),
+                format!("block {id} is given twice"),
+            ));
         }
     }
     Ok(())
@@ -381,12 +473,18 @@ fn load_tensors(path: &Path, case: &mut Case) -> Result<(), CaseFileError> {
 /// reader never sees a JSON file whose tensors are missing or half-written.
 pub fn save_case_file(path: &Path, file: &CaseFile) -> std::io::Result<()> {
     let c = &file.case;
-    let tensor_bytes = c.q.len() + 4 * c.weights.len() + c.kv.blocks.values().map(Vec::len).sum::<usize>();
+    let tensor_bytes =
+        c.q.len() + 4 * c.weights.len() + c.kv.blocks.values().map(Vec::len).sum::<usize>();
     let tensors = if tensor_bytes <= INLINE_LIMIT {
         TensorsJson::Inline {
             q: to_hex(&c.q),
             weights: c.weights.iter().map(|&w| F32Json(w)).collect(),
-            kv_blocks: c.kv.blocks.iter().map(|(id, b)| (id.to_string(), to_hex(b))).collect(),
+            kv_blocks: c
+                .kv
+                .blocks
+                .iter()
+                .map(|(id, b)| (id.to_string(), to_hex(b)))
+                .collect(),
         }
     } else {
         let st_name = format!(
@@ -429,19 +527,39 @@ pub fn tensors_to_safetensors(c: &Case) -> std::io::Result<Vec<u8>> {
     use safetensors::{tensor::TensorView, Dtype};
     let s = &c.shape;
     let w: Vec<u8> = c.weights.iter().flat_map(|w| w.to_le_bytes()).collect();
-    let ids: Vec<u8> = c.kv.blocks.keys().flat_map(|&id| (id as i64).to_le_bytes()).collect();
+    let ids: Vec<u8> =
+        c.kv.blocks
+            .keys()
+            .flat_map(|&id| (id as i64).to_le_bytes())
+            .collect();
     let blks: Vec<u8> = c.kv.blocks.values().flatten().copied().collect();
     let n = c.kv.blocks.len();
     let e = |e: safetensors::SafeTensorError| std::io::Error::other(e.to_string());
     let views = vec![
-        ("q", TensorView::new(Dtype::U8, vec![s.batch, s.next_n, s.heads, s.head_dim], &c.q).map_err(e)?),
-        ("weights", TensorView::new(Dtype::F32, vec![s.rows(), s.heads], &w).map_err(e)?),
-        ("kv_block_ids", TensorView::new(Dtype::I64, vec![n], &ids).map_err(e)?),
-        ("kv_blocks", TensorView::new(Dtype::U8, vec![n, s.block_bytes()], &blks).map_err(e)?),
+        (
+            "q",
+            TensorView::new(
+                Dtype::U8,
+                vec![s.batch, s.next_n, s.heads, s.head_dim],
+                &c.q,
+            )
+            .map_err(e)?,
+        ),
+        (
+            "weights",
+            TensorView::new(Dtype::F32, vec![s.rows(), s.heads], &w).map_err(e)?,
+        ),
+        (
+            "kv_block_ids",
+            TensorView::new(Dtype::I64, vec![n], &ids).map_err(e)?,
+        ),
+        (
+            "kv_blocks",
+            TensorView::new(Dtype::U8, vec![n, s.block_bytes()], &blks).map_err(e)?,
+        ),
     ];
     safetensors::serialize(views, None).map_err(e)
 }
-
 
 #[cfg(test)]
 mod tests {

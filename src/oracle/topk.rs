@@ -22,7 +22,9 @@ pub fn topk_consistent(
 ) -> TopKOutcome {
     if let Some(t) = row.iter().position(|x| x.is_nan()) {
         // A radix select over float bits leaves slots unfilled: garbage indices.
-        return TopKOutcome::Inconsistent { detail: format!("row holds NaN (first at {t}): the radix top-k emits garbage indices") };
+        return TopKOutcome::Inconsistent {
+            detail: format!("row holds NaN (first at {t}): the radix top-k emits garbage indices"),
+        };
     }
     if k == 0 || k >= row.len() {
         return TopKOutcome::Consistent; // selects nothing, or everything
@@ -37,8 +39,14 @@ pub fn topk_consistent(
     // Cheap bounds first (`lower` ≤ full bound, so agreement under them is agreement).
     let up_cheap = |t: usize| rref.value[t] + bound.lower(rref.relu_mag[t]);
     let down_cheap = |u: usize| rref.value[u] - bound.lower(rref.relu_mag[u]);
-    let min_sel = sel.iter().map(|&t| up_cheap(t)).fold(f64::INFINITY, f64::min);
-    let max_rest = rest.iter().map(|&u| down_cheap(u)).fold(f64::NEG_INFINITY, f64::max);
+    let min_sel = sel
+        .iter()
+        .map(|&t| up_cheap(t))
+        .fold(f64::INFINITY, f64::min);
+    let max_rest = rest
+        .iter()
+        .map(|&u| down_cheap(u))
+        .fold(f64::NEG_INFINITY, f64::max);
     if max_rest <= min_sel {
         return TopKOutcome::Consistent;
     }

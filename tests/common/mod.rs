@@ -48,7 +48,12 @@ pub fn assert_clean_on_good_kernels(case: &Case) {
     case.validate().expect("case must be valid");
     for name in ["cpu:chunked", "cpu:naive"] {
         let v = judge(name, case);
-        assert!(v.is_clean(), "{name} must be clean: {:?} {:?}", v.classes, v.examples);
+        assert!(
+            v.is_clean(),
+            "{name} must be clean: {:?} {:?}",
+            v.classes,
+            v.examples
+        );
         assert!(v.skipped.is_none(), "{name} skipped: {:?}", v.skipped);
     }
 }
