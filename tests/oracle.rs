@@ -408,3 +408,73 @@ fn sampled_reference_still_reports_the_guard() {
     assert!(!v.guard.redundant);
     assert_eq!(v.metrics.rows_checked, 1);
 }
+
+// ---- tightness of the per-element bound ------------------------------------------
+
+/// Fills V(r) with an honest f32 kernel's result whose dot products are summed in a
+/// given order: sequentially forward, or backward. Products of two fp8 values are
+/// exact in f32, so only the summation order differs from cpu:chunked's lanes.
+fn f32_kernel_output(f: &mut Fixture, backward: bool) {
+    let case = f.case.clone();
+    let s = &case.shape;
+    let table = s.format.table();
+    for r in 0..case.rows() {
+        let (b, i) = (r / s.next_n, r % s.next_n);
+        for t in 0..case.valid_len(r) {
+            let (id, p) = case.token_location(b, t);
+            let block = case.block(id);
+            let scale = case.k_scale(block, p);
+            let mut acc = 0f32;
+            for h in 0..s.heads {
+                let q = case.q_codes(b, i, h);
+                let mut dot = 0f32;
+                let mut add = |d: usize| dot += table[q[d] as usize] * table[case.k_code(block, p, d) as usize];
+                if backward {
+                    (0..s.head_dim).rev().for_each(&mut add);
+                } else {
+                    (0..s.head_dim).for_each(&mut add);
+                }
+                acc += case.weight(r, h) * dot.max(0.0);
+            }
+            f.out.set(r, t, acc * scale);
+        }
+    }
+}
+
+#[test]
+fn any_f32_summation_order_is_within_the_bound() {
+    use mqa_fuzz::generate::ValueKind;
+    for kind in [ValueKind::Pipeline, ValueKind::UniformCodes, ValueKind::Extreme, ValueKind::ReluBoundary, ValueKind::AllNegative] {
+        for seed in 0..2 {
+            let mut r = recipe(vec![70, 33], 2);
+            r.heads = 32;
+            r.head_dim = 128;
+            r.values = kind;
+            r.seed = seed;
+            let mut f = fixture(r.materialize());
+            for backward in [false, true] {
+                f32_kernel_output(&mut f, backward);
+                let v = f.judge();
+                assert!(v.is_clean(), "{kind:?} seed {seed} backward {backward}: {:?} {:?}", v.classes, v.examples);
+            }
+        }
+    }
+}
+
+#[test]
+fn bf16_rounded_output_is_a_mismatch() {
+    // A kernel that stores logits in bf16 (8 significant bits) is far outside the f32
+    // bound: the oracle must not be so loose that this passes.
+    let mut f = fixture(recipe(vec![300, 77], 1).materialize());
+    let mut nonzero = 0;
+    for r in 0..f.case.rows() {
+        for t in 0..f.case.valid_len(r) {
+            let x = f.out.get(r, t);
+            nonzero += (x != 0.0) as u64;
+            f.out.set(r, t, half::bf16::from_f32(x).to_f32());
+        }
+    }
+    let v = f.judge();
+    let mismatches = v.classes.get(&Class::Mismatch).copied().unwrap_or(0);
+    assert!(mismatches * 2 > nonzero, "{mismatches} of {nonzero} nonzero logits flagged");
+}
