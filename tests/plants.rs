@@ -209,3 +209,23 @@ fn every_plant_has_a_test() {
     }
     let _ = ContextLens::PerSequence(vec![]);
 }
+
+#[test]
+fn good_kernels_are_clean_on_hostile_values() {
+    // NaN codes, 0x80 in fnuz, zero/negative/inf/NaN scales and weights: the reference
+    // is undefined where they reach V(r), and reported, not judged, so the production
+    // kernels must come out clean; the values are still reported as hostile statistics.
+    let mut undefined = 0;
+    for seed in 0..40 {
+        let mut r = recipe(vec![40, 3, 70], 2);
+        r.values = ValueKind::Hostile;
+        r.seed = seed;
+        if seed % 2 == 1 {
+            r.format = Fp8Format::E4m3fnuz;
+        }
+        let case = r.materialize();
+        assert_clean_on_good_kernels(&case);
+        undefined += judge("cpu:chunked", &case).hostile.undefined;
+    }
+    assert!(undefined > 0, "the hostile draws reached V(r)");
+}
