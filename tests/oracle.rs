@@ -404,9 +404,13 @@ fn sampled_reference_still_reports_the_guard() {
         &RowSelection::Rows(vec![0]),
     );
     f.out.set(5, 1, f32::NAN); // row 5 is not in the sample
+    f.out.set(6, 2, 1e30); // a wrong finite value in an unsampled row goes unseen
     let v = f.judge();
     assert!(!v.guard.redundant);
     assert_eq!(v.metrics.rows_checked, 1);
+    // The NaN is still judged, against that element's own reference.
+    only(&v, Class::Nan, 1);
+    assert_eq!(v.examples[0].row, Some(5));
 }
 
 // ---- tightness of the per-element bound ------------------------------------------

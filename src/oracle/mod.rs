@@ -369,6 +369,33 @@ pub fn judge(
         }
         v.guard.rows_affected += affected as u64;
         let Some(rref) = &reference.rows[r] else {
+            // A row outside the sample: its finite values go unjudged, but a NaN, ±inf or
+            // surviving poison is judged against the reference of that one element, so a
+            // sampled verdict is never "clean" while the guard says it is needed.
+            if affected {
+                for (t, &got) in row[..len].iter().enumerate() {
+                    if got.is_finite() {
+                        continue;
+                    }
+                    let (exp, relu_mag, abs_mag) = crate::reference::element(case, reference.placement, r, t);
+                    match classify(got, exp, relu_mag, &bound, || abs_mag) {
+                        ElementClass::Finding(c) => {
+                            let ex = Offender {
+                                class: c,
+                                row: Some(r),
+                                pos: Some(t),
+                                expected: Some(exp),
+                                got: Some(show_f32(got)),
+                                bound: Some(bound.full(relu_mag, abs_mag)),
+                                detail: Some("row outside the reference sample".into()),
+                            };
+                            v.add(c, 1, Some(ex), cfg.max_examples);
+                        }
+                        ElementClass::Undefined => v.hostile.undefined += 1,
+                        ElementClass::Ok => {}
+                    }
+                }
+            }
             continue;
         };
         v.metrics.rows_checked += 1;
