@@ -70,6 +70,8 @@ pub struct Judged {
     pub verdict: Verdict,
     pub output: Option<OutputBuffer>,
     pub wall: Duration,
+    /// Set when the environment broke (driver gone, adapter missing): stop, exit 3.
+    pub environment_error: Option<String>,
 }
 
 /// Runs `case` on `kernel` and judges the result.
@@ -90,6 +92,7 @@ pub fn run_and_judge(
             verdict,
             output: None,
             wall: start.elapsed(),
+            environment_error: None,
         };
     }
     let mut out = OutputBuffer::for_case(case);
@@ -100,17 +103,17 @@ pub fn run_and_judge(
         Ok(info) => oracle::judge(case, reference, caps, Ok((info, &out)), cfg),
         Err(e) => oracle::judge(case, reference, caps, Err(e), cfg),
     };
+    let environment_error = match &result {
+        Err(crate::kernel::RunError::Environment(m)) => Some(m.clone()),
+        _ => None,
+    };
     let output = result.is_ok().then_some(out);
     Judged {
         verdict,
         output,
         wall,
+        environment_error,
     }
-}
-
-/// Whether a run error should stop everything (environment) rather than be judged.
-pub fn is_environment(v: &Verdict) -> bool {
-    v.skipped.is_some() && v.classes.is_empty()
 }
 
 /// Compares two kernels' outputs over V(r): elements where they differ by more than

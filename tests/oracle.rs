@@ -432,7 +432,9 @@ fn f32_kernel_output(f: &mut Fixture, backward: bool) {
             for h in 0..s.heads {
                 let q = case.q_codes(b, i, h);
                 let mut dot = 0f32;
-                let mut add = |d: usize| dot += table[q[d] as usize] * table[case.k_code(block, p, d) as usize];
+                let mut add = |d: usize| {
+                    dot += table[q[d] as usize] * table[case.k_code(block, p, d) as usize]
+                };
                 if backward {
                     (0..s.head_dim).rev().for_each(&mut add);
                 } else {
@@ -448,7 +450,13 @@ fn f32_kernel_output(f: &mut Fixture, backward: bool) {
 #[test]
 fn any_f32_summation_order_is_within_the_bound() {
     use mqa_fuzz::generate::ValueKind;
-    for kind in [ValueKind::Pipeline, ValueKind::UniformCodes, ValueKind::Extreme, ValueKind::ReluBoundary, ValueKind::AllNegative] {
+    for kind in [
+        ValueKind::Pipeline,
+        ValueKind::UniformCodes,
+        ValueKind::Extreme,
+        ValueKind::ReluBoundary,
+        ValueKind::AllNegative,
+    ] {
         for seed in 0..2 {
             let mut r = recipe(vec![70, 33], 2);
             r.heads = 32;
@@ -459,7 +467,12 @@ fn any_f32_summation_order_is_within_the_bound() {
             for backward in [false, true] {
                 f32_kernel_output(&mut f, backward);
                 let v = f.judge();
-                assert!(v.is_clean(), "{kind:?} seed {seed} backward {backward}: {:?} {:?}", v.classes, v.examples);
+                assert!(
+                    v.is_clean(),
+                    "{kind:?} seed {seed} backward {backward}: {:?} {:?}",
+                    v.classes,
+                    v.examples
+                );
             }
         }
     }
@@ -480,5 +493,8 @@ fn bf16_rounded_output_is_a_mismatch() {
     }
     let v = f.judge();
     let mismatches = v.classes.get(&Class::Mismatch).copied().unwrap_or(0);
-    assert!(mismatches * 2 > nonzero, "{mismatches} of {nonzero} nonzero logits flagged");
+    assert!(
+        mismatches * 2 > nonzero,
+        "{mismatches} of {nonzero} nonzero logits flagged"
+    );
 }

@@ -243,7 +243,13 @@ impl Recipe {
             ),
         };
         let mut rows = shape.rows();
-        let out_row_stride = max_model_len + self.out_stride_pad;
+        // The output-offset axis: a row stride of 2^20 floats (max_model_len = 1<<20 in
+        // AITER #4244) so a few hundred rows pass 2^31 bytes.
+        let out_row_stride = if self.big_output {
+            (max_model_len + self.out_stride_pad).max(1 << 20)
+        } else {
+            max_model_len + self.out_stride_pad
+        };
         let mut context_lens = context_lens;
         let mut shape = shape;
         if self.big_output {

@@ -377,7 +377,8 @@ pub fn judge(
                     if got.is_finite() {
                         continue;
                     }
-                    let (exp, relu_mag, abs_mag) = crate::reference::element(case, reference.placement, r, t);
+                    let (exp, relu_mag, abs_mag) =
+                        crate::reference::element(case, reference.placement, r, t);
                     match classify(got, exp, relu_mag, &bound, || abs_mag) {
                         ElementClass::Finding(c) => {
                             let ex = Offender {
