@@ -277,6 +277,9 @@ pub struct RunArgs {
     /// k of the downstream top-k check (V3.2: 2048, V4-Pro: 1024, V4-Flash: 512).
     #[arg(long, default_value_t = 2048)]
     pub topk: usize,
+    /// Stop generating after this many distinct findings (e.g. 1 for a quick gate).
+    #[arg(long)]
+    pub max_findings: Option<usize>,
     /// No progress output.
     #[arg(long, short = 'q')]
     pub quiet: bool,
@@ -396,6 +399,7 @@ fn cmd_run(args: RunArgs) -> Result<i32, Fatal> {
     cfg.replay_corpus = !args.no_replay;
     cfg.oracle.topk = args.topk;
     cfg.quiet = args.quiet;
+    cfg.stop_after_findings = args.max_findings;
     cfg.command_line = std::env::args().collect::<Vec<_>>().join(" ");
     let shard_txt = shard
         .map(|s| format!(", shard {}/{}", s.index, s.count))
