@@ -46,6 +46,30 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Re-render a report directory (junit.xml, summary.md, index.html, pictures) from its report.json.
+    Report {
+        /// Report directory (or its report.json).
+        dir: PathBuf,
+    },
+    /// Fold shard reports into one (counts add, findings deduplicate by signature).
+    Merge {
+        /// Shard report directories (or their report.json files).
+        #[arg(required = true)]
+        dirs: Vec<PathBuf>,
+        /// Directory to write the merged report into.
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Compare two reports: new, fixed and unchanged findings. Exit 1 on new findings.
+    Diff {
+        /// The baseline report directory (or report.json).
+        base: PathBuf,
+        /// The candidate report directory (or report.json).
+        cand: PathBuf,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// Runs the parsed command; returns the exit code.
@@ -53,6 +77,9 @@ pub fn dispatch(cli: Cli) -> Result<i32, Fatal> {
     match cli.command {
         Command::Kernels { json } => cmd_kernels(json),
         Command::Replay { files, kernel, topk, json } => cmd_replay(&files, kernel.as_deref(), topk, json),
+        Command::Report { dir } => crate::report::cli::cmd_report(&dir),
+        Command::Merge { dirs, out } => crate::report::cli::cmd_merge(&dirs, &out),
+        Command::Diff { base, cand, json } => crate::report::cli::cmd_diff(&base, &cand, json),
     }
 }
 

@@ -14,6 +14,7 @@ pub mod harness;
 pub mod kernel;
 pub mod oracle;
 pub mod reference;
+pub mod report;
 pub mod util;
 
 pub use case::{Case, ContextLens, ScalePlacement, Shape, ValueLayout};
