@@ -154,7 +154,7 @@ pub fn diff_text(d: &ReportDiff) -> String {
     let mut s = format!("{} new, {} fixed, {} unchanged finding(s)\n", d.new.len(), d.fixed.len(), d.unchanged.len());
     for (label, list) in [("NEW", &d.new), ("FIXED", &d.fixed), ("unchanged", &d.unchanged)] {
         for f in list {
-            s.push_str(&format!("{label:9}  {}  {}  {}  x{}", f.signature, f.kernel, f.class, f.occurrences));
+            s.push_str(&format!("{label:9}  {}  {}  {}  x{}", f.signature, f.kernel, f.class_name(), f.occurrences));
             if label == "NEW" && !f.replay_command.is_empty() {
                 s.push_str(&format!("  replay: {}", f.replay_command));
             }

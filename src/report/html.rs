@@ -20,8 +20,8 @@ td.n{text-align:right}pre{background:#f4f4f4;padding:.5em;overflow-x:auto}\
 /// Titles of the two pictures of finding `i` (shared by the inline and file copies).
 pub fn picture_titles(i: usize, f: &Finding) -> (String, String) {
     (
-        format!("finding {} — {} on {}: classes per row × position", i + 1, f.class, f.kernel),
-        format!("finding {} — {} on {}: |err| / bound", i + 1, f.class, f.kernel),
+        format!("finding {} — {} on {}: classes per row × position", i + 1, f.class_name(), f.kernel),
+        format!("finding {} — {} on {}: |err| / bound", i + 1, f.class_name(), f.kernel),
     )
 }
 
@@ -77,7 +77,7 @@ pub fn index_html(r: &Report) -> String {
 }
 
 fn finding_html(s: &mut String, i: usize, f: &Finding) {
-    let _ = write!(s, "<div class=\"finding\" id=\"finding-{}\"><h3>{}. <span class=\"cls\">{}</span> on {} <span class=\"muted\">({} profile, {} case(s))</span></h3>", i + 1, i + 1, f.class, escape(&f.kernel), escape(&f.profile), f.occurrences);
+    let _ = write!(s, "<div class=\"finding\" id=\"finding-{}\"><h3>{}. <span class=\"cls\">{}</span> on {} <span class=\"muted\">({} profile, {} case(s))</span></h3>", i + 1, i + 1, f.class_name(), escape(&f.kernel), escape(&f.profile), f.occurrences);
     s.push_str("<table>");
     let classes: Vec<String> = f.classes.iter().map(|(c, n)| format!("{c} ×{n}")).collect();
     let rows = [

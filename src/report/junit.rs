@@ -43,11 +43,11 @@ pub fn junit_xml(report: &Report) -> String {
             let classname = format!("mqa-fuzz.{kernel}.{profile}");
             let findings: Vec<_> = report.findings.iter().filter(|f| &f.kernel == &kernel && &f.profile == profile).collect();
             for f in &findings {
-                let kind = if f.class == crate::oracle::Class::Crash { NonSuccessKind::Error } else { NonSuccessKind::Failure };
+                let kind = if f.class == Some(crate::oracle::Class::Crash) { NonSuccessKind::Error } else { NonSuccessKind::Failure };
                 let mut status = TestCaseStatus::non_success(kind);
                 let classes: Vec<String> = f.classes.iter().map(|(c, n)| format!("{c} x{n}")).collect();
-                status.set_message(format!("{} on {} case(s): {}", f.class, f.occurrences, classes.join(", ")));
-                status.set_type(f.class.name());
+                status.set_message(format!("{} on {} case(s): {}", f.class_name(), f.occurrences, classes.join(", ")));
+                status.set_type(f.class_name());
                 let mut text = format!("signature: {}\n{}\n", f.signature, crate::cli::verdict_line(&f.verdict));
                 for ex in &f.verdict.examples {
                     text.push_str(&format!("  {ex:?}\n"));
@@ -57,7 +57,7 @@ pub fn junit_xml(report: &Report) -> String {
                 }
                 text.push_str(&format!("replay: {}\n", f.replay_command));
                 status.set_description(text);
-                let mut tc = TestCase::new(format!("{}: {}", f.class, f.signature), status);
+                let mut tc = TestCase::new(format!("{}: {}", f.class_name(), f.signature), status);
                 tc.set_classname(classname.clone());
                 suite.add_test_case(tc);
             }

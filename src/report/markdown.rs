@@ -76,7 +76,7 @@ pub fn summary_md(r: &Report) -> String {
                 "| `{}` | {} | **{}** | {} | {} | {} × {} | `{}` |",
                 f.kernel,
                 f.profile,
-                f.class,
+                f.class_name(),
                 f.occurrences,
                 if f.shrunk { "yes" } else { "no" },
                 f.rows,

@@ -45,7 +45,7 @@ pub struct Report {
 pub struct Environment {
     pub hostname: String,
     pub os: String,
-    pub cpus: u32,
+    pub cpus: usize,
     pub gpus: Vec<String>,
     pub command_line: String,
 }
@@ -123,15 +123,16 @@ pub struct GuardSummary {
 }
 
 /// One distinct failure (by `signature`), with the smallest case that shows it.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 #[serde(default)]
 pub struct Finding {
     /// Stable identity across runs and releases (what `diff` and `merge` key on).
     pub signature: String,
     pub kernel: String,
     pub profile: String,
-    /// The primary class (for titles and sorting).
-    pub class: Class,
+    /// The primary class (for titles and sorting); an `Option` only so that the struct
+    /// has a `Default` — the campaign always sets it.
+    pub class: Option<Class>,
     /// All classes of the case with their element counts.
     pub classes: BTreeMap<Class, u64>,
     /// The saved corpus file, relative to the working directory of the run.
@@ -152,26 +153,10 @@ pub struct Finding {
     pub error_histogram: Vec<u64>,
 }
 
-impl Default for Finding {
-    /// `Class` has no natural default; `mismatch` is the mildest value class.
-    fn default() -> Self {
-        Finding {
-            signature: String::new(),
-            kernel: String::new(),
-            profile: String::new(),
-            class: Class::Mismatch,
-            classes: BTreeMap::new(),
-            case_file: None,
-            replay_command: String::new(),
-            seed: None,
-            shrunk: false,
-            rows: 0,
-            tokens: 0,
-            occurrences: 0,
-            verdict: Verdict::default(),
-            picture: None,
-            error_histogram: Vec::new(),
-        }
+impl Finding {
+    /// The primary class's name ("unknown" when the campaign did not set one).
+    pub fn class_name(&self) -> &'static str {
+        self.class.map(Class::name).unwrap_or("unknown")
     }
 }
 

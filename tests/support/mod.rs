@@ -108,7 +108,7 @@ pub fn campaign_with(kernel_name: &str, profile: &str, seeds: &[u64], shard: Opt
             signature,
             kernel: kernel_name.into(),
             profile: profile.into(),
-            class,
+            class: Some(class),
             classes: v.classes.clone(),
             case_file: Some(format!("corpus/{kernel_name}-{seed}.json")),
             replay_command: format!("mqa-fuzz replay corpus/{kernel_name}-{seed}.json --kernel {kernel_name}"),
