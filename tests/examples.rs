@@ -27,11 +27,25 @@ fn ext(p: &Path) -> &str {
 }
 
 fn bash_n(script: &str, origin: &str) {
-    let mut child = Command::new("bash").arg("-n").stdin(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().expect("bash");
+    let mut child = Command::new("bash")
+        .arg("-n")
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("bash");
     use std::io::Write;
-    child.stdin.take().unwrap().write_all(script.as_bytes()).unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(script.as_bytes())
+        .unwrap();
     let o = child.wait_with_output().unwrap();
-    assert!(o.status.success(), "{origin}: bash -n fails:\n{}\n{script}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "{origin}: bash -n fails:\n{}\n{script}",
+        String::from_utf8_lossy(&o.stderr)
+    );
 }
 
 /// `(subcommand, flags)` of every `mqa-fuzz SUB ...` command line in `text` (comment
@@ -43,10 +57,16 @@ fn invocations(text: &str) -> Vec<(String, Vec<String>)> {
         let mut rest = line;
         while let Some(i) = rest.find("mqa-fuzz ") {
             let cmd = &rest[i + "mqa-fuzz ".len()..];
-            let end = cmd.find(['|', ';', '>']).unwrap_or(cmd.len()).min(cmd.find("&&").unwrap_or(cmd.len()));
+            let end = cmd
+                .find(['|', ';', '>'])
+                .unwrap_or(cmd.len())
+                .min(cmd.find("&&").unwrap_or(cmd.len()));
             let mut words = cmd[..end].split_whitespace();
             let sub = words.next().unwrap_or("").to_string();
-            let flags = words.filter(|w| w.starts_with("--")).map(|w| w.split('=').next().unwrap().to_string()).collect();
+            let flags = words
+                .filter(|w| w.starts_with("--"))
+                .map(|w| w.split('=').next().unwrap().to_string())
+                .collect();
             out.push((sub, flags));
             rest = &cmd[end..];
         }
@@ -55,7 +75,11 @@ fn invocations(text: &str) -> Vec<(String, Vec<String>)> {
 }
 
 fn help(args: &[&str]) -> String {
-    let o = Command::new(env!("CARGO_BIN_EXE_mqa-fuzz")).args(args).arg("--help").output().unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_mqa-fuzz"))
+        .args(args)
+        .arg("--help")
+        .output()
+        .unwrap();
     assert!(o.status.success(), "mqa-fuzz {args:?} --help failed");
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
@@ -63,20 +87,39 @@ fn help(args: &[&str]) -> String {
 #[test]
 fn examples_parse_and_run_only_real_subcommands() {
     let files = examples();
-    let yaml: Vec<_> = files.iter().filter(|p| matches!(ext(p), "yml" | "yaml")).collect();
-    let shell: Vec<_> = files.iter().filter(|p| matches!(ext(p), "sh" | "sbatch")).collect();
-    assert!(yaml.len() >= 2 && !shell.is_empty(), "expected the CI, Kubernetes and Slurm examples: {files:?}");
+    let yaml: Vec<_> = files
+        .iter()
+        .filter(|p| matches!(ext(p), "yml" | "yaml"))
+        .collect();
+    let shell: Vec<_> = files
+        .iter()
+        .filter(|p| matches!(ext(p), "sh" | "sbatch"))
+        .collect();
+    assert!(
+        yaml.len() >= 2 && !shell.is_empty(),
+        "expected the CI, Kubernetes and Slurm examples: {files:?}"
+    );
 
     for p in &shell {
-        bash_n(&std::fs::read_to_string(p).unwrap(), &p.display().to_string());
+        bash_n(
+            &std::fs::read_to_string(p).unwrap(),
+            &p.display().to_string(),
+        );
     }
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/example_scripts.py");
     match Command::new("python3").arg(&script).args(&yaml).output() {
-        Ok(o) if o.status.code() == Some(3) => eprintln!("SKIP YAML parsing of the examples: PyYAML missing (pip install pyyaml)"),
+        Ok(o) if o.status.code() == Some(3) => {
+            eprintln!("SKIP YAML parsing of the examples: PyYAML missing (pip install pyyaml)")
+        }
         Err(e) => eprintln!("SKIP YAML parsing of the examples: python3 not runnable ({e})"),
         Ok(o) => {
-            assert!(o.status.success(), "YAML examples:\n{}", String::from_utf8_lossy(&o.stderr));
-            let scripts: std::collections::BTreeMap<String, Vec<String>> = serde_json::from_slice(&o.stdout).unwrap();
+            assert!(
+                o.status.success(),
+                "YAML examples:\n{}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+            let scripts: std::collections::BTreeMap<String, Vec<String>> =
+                serde_json::from_slice(&o.stdout).unwrap();
             for (file, list) in scripts {
                 assert!(!list.is_empty(), "{file}: no embedded scripts found");
                 for (i, s) in list.iter().enumerate() {
@@ -90,11 +133,21 @@ fn examples_parse_and_run_only_real_subcommands() {
     let mut seen = std::collections::BTreeSet::new();
     for p in &files {
         for (sub, flags) in invocations(&std::fs::read_to_string(p).unwrap()) {
-            let listed = top.lines().any(|l| l.trim_start().split_whitespace().next() == Some(sub.as_str()));
-            assert!(listed, "{}: runs `mqa-fuzz {sub}`, which `mqa-fuzz --help` does not list", p.display());
+            let listed = top
+                .lines()
+                .any(|l| l.split_whitespace().next() == Some(sub.as_str()));
+            assert!(
+                listed,
+                "{}: runs `mqa-fuzz {sub}`, which `mqa-fuzz --help` does not list",
+                p.display()
+            );
             let sub_help = help(&[&sub]);
             for f in flags {
-                assert!(sub_help.contains(&f), "{}: `mqa-fuzz {sub} {f}`: no such flag", p.display());
+                assert!(
+                    sub_help.contains(&f),
+                    "{}: `mqa-fuzz {sub} {f}`: no such flag",
+                    p.display()
+                );
             }
             seen.insert(sub);
         }
@@ -111,7 +164,10 @@ fn invocations_are_found_with_their_flags() {
     assert_eq!(
         inv,
         vec![
-            ("run".to_string(), vec!["--kernel".to_string(), "--shard".into(), "--report".into()]),
+            (
+                "run".to_string(),
+                vec!["--kernel".to_string(), "--shard".into(), "--report".into()]
+            ),
             ("diff".to_string(), vec![]),
             ("merge".to_string(), vec!["--out".to_string()]),
         ]

@@ -19,13 +19,26 @@ fn bin() -> Command {
 /// printed) when xmllint is not installed.
 fn xmllint_validates(xml: &Path) -> bool {
     let xsd = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/junit-10.xsd");
-    match Command::new("xmllint").arg("--noout").arg("--schema").arg(&xsd).arg(xml).output() {
+    match Command::new("xmllint")
+        .arg("--noout")
+        .arg("--schema")
+        .arg(&xsd)
+        .arg(xml)
+        .output()
+    {
         Err(e) => {
-            eprintln!("SKIP junit XSD validation: xmllint not runnable ({e}); install libxml2-utils");
+            eprintln!(
+                "SKIP junit XSD validation: xmllint not runnable ({e}); install libxml2-utils"
+            );
             false
         }
         Ok(o) => {
-            assert!(o.status.success(), "{} fails junit-10.xsd:\n{}", xml.display(), String::from_utf8_lossy(&o.stderr));
+            assert!(
+                o.status.success(),
+                "{} fails junit-10.xsd:\n{}",
+                xml.display(),
+                String::from_utf8_lossy(&o.stderr)
+            );
             true
         }
     }
@@ -34,18 +47,30 @@ fn xmllint_validates(xml: &Path) -> bool {
 #[test]
 fn report_with_findings_writes_every_file_and_reads_back() {
     let report = campaign("cpu:bug-tail-unwritten", "production", &[1, 2, 3], None);
-    assert!(!report.findings.is_empty(), "the planted bug must produce a finding");
+    assert!(
+        !report.findings.is_empty(),
+        "the planted bug must produce a finding"
+    );
     let f = &report.findings[0];
     assert!(f.classes.contains_key(&Class::Unwritten), "{:?}", f.classes);
 
     // The picture agrees with the oracle, element for element, and is zoomed.
     let map = f.picture.as_ref().unwrap();
-    assert_eq!(map.counts.get("unwritten").copied(), f.classes.get(&Class::Unwritten).copied());
+    assert_eq!(
+        map.counts.get("unwritten").copied(),
+        f.classes.get(&Class::Unwritten).copied()
+    );
     assert!(!map.whole_case);
     assert!(map.cells.iter().any(|l| l.contains('u')) && map.cells.iter().any(|l| l.contains('o')));
     // The histogram counts every judged element, the unwritten ones as non-finite.
-    assert_eq!(f.error_histogram.iter().sum::<u64>(), f.verdict.metrics.checked);
-    assert_eq!(f.error_histogram[NON_FINITE_BIN], f.classes[&Class::Unwritten]);
+    assert_eq!(
+        f.error_histogram.iter().sum::<u64>(),
+        f.verdict.metrics.checked
+    );
+    assert_eq!(
+        f.error_histogram[NON_FINITE_BIN],
+        f.classes[&Class::Unwritten]
+    );
 
     let dir = tempfile::tempdir().unwrap();
     write_all(dir.path(), &report).unwrap();
@@ -60,20 +85,36 @@ fn report_with_findings_writes_every_file_and_reads_back() {
     // Round trip, including the infinite error ratio of the unwritten elements.
     let back = load(dir.path()).unwrap();
     assert_eq!(back, report);
-    assert!(back.findings[0].verdict.metrics.max_err_over_bound.is_infinite());
+    assert!(back.findings[0]
+        .verdict
+        .metrics
+        .max_err_over_bound
+        .is_infinite());
 
     let html = std::fs::read_to_string(dir.path().join("index.html")).unwrap();
     assert!(html.contains("<svg") && html.contains(&CellClass::Unwritten.hex()));
-    assert!(!html.contains("src=") && !html.contains("href=") && !html.contains("<script"), "index.html must be self-contained");
+    assert!(
+        !html.contains("src=") && !html.contains("href=") && !html.contains("<script"),
+        "index.html must be self-contained"
+    );
     let md = std::fs::read_to_string(dir.path().join("summary.md")).unwrap();
-    assert!(md.contains("FINDINGS") && md.contains("guard NEEDED"), "{md}");
+    assert!(
+        md.contains("FINDINGS") && md.contains("guard NEEDED"),
+        "{md}"
+    );
     let xml = std::fs::read_to_string(dir.path().join("junit.xml")).unwrap();
-    assert!(xml.contains("<failure") && xml.contains(&f.signature), "{xml}");
+    assert!(
+        xml.contains("<failure") && xml.contains(&f.signature),
+        "{xml}"
+    );
     xmllint_validates(&dir.path().join("junit.xml"));
 
     let h = headline(&report);
     let g = &report.per_kernel["cpu:bug-tail-unwritten"].guard;
-    assert!(h.starts_with("cpu:bug-tail-unwritten: guard NEEDED on 3/3 cases"), "{h}");
+    assert!(
+        h.starts_with("cpu:bug-tail-unwritten: guard NEEDED on 3/3 cases"),
+        "{h}"
+    );
     assert!(h.contains(&format!("nan {}", g.nan)) && g.nan > 0, "{h}");
 }
 
@@ -82,11 +123,26 @@ fn the_junit_schema_rejects_what_ci_would_reject() {
     // Negative control: the schema check can fail (testsuite without its required counts).
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join("bad.xml");
-    std::fs::write(&bad, "<testsuites><testsuite name=\"x\"><testcase name=\"t\"/></testsuite></testsuites>").unwrap();
+    std::fs::write(
+        &bad,
+        "<testsuites><testsuite name=\"x\"><testcase name=\"t\"/></testsuite></testsuites>",
+    )
+    .unwrap();
     let xsd = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/junit-10.xsd");
-    match Command::new("xmllint").arg("--noout").arg("--schema").arg(&xsd).arg(&bad).output() {
-        Err(e) => eprintln!("SKIP junit XSD negative control: xmllint not runnable ({e}); install libxml2-utils"),
-        Ok(o) => assert!(!o.status.success(), "the schema must reject a testsuite without tests/failures/errors"),
+    match Command::new("xmllint")
+        .arg("--noout")
+        .arg("--schema")
+        .arg(&xsd)
+        .arg(&bad)
+        .output()
+    {
+        Err(e) => eprintln!(
+            "SKIP junit XSD negative control: xmllint not runnable ({e}); install libxml2-utils"
+        ),
+        Ok(o) => assert!(
+            !o.status.success(),
+            "the schema must reject a testsuite without tests/failures/errors"
+        ),
     }
 }
 
@@ -108,7 +164,10 @@ fn clean_report_writes_every_file_with_the_guard_headline() {
     );
     assert_eq!(h, want);
     let xml = std::fs::read_to_string(dir.path().join("junit.xml")).unwrap();
-    assert!(!xml.contains("<failure") && xml.contains("production: no findings"), "{xml}");
+    assert!(
+        !xml.contains("<failure") && xml.contains("production: no findings"),
+        "{xml}"
+    );
     xmllint_validates(&dir.path().join("junit.xml"));
     assert_eq!(load(dir.path()).unwrap(), report);
 }
@@ -116,11 +175,31 @@ fn clean_report_writes_every_file_with_the_guard_headline() {
 #[test]
 fn mismatch_findings_land_beyond_the_bound_in_the_histogram() {
     // e4m3fnuz data decoded with the e4m3fn table: every nonzero value doubled.
-    let report = support::campaign_with("cpu:bug-fnuz-as-fn", "production", &[1, 2, 3], None, |r| r.format = mqa_fuzz::fp8::Fp8Format::E4m3fnuz);
-    let f = report.findings.iter().find(|f| f.classes.contains_key(&Class::Mismatch)).expect("a mismatch finding");
-    let beyond: u64 = f.error_histogram[FIRST_OUT_OF_BOUND_BIN..NON_FINITE_BIN].iter().sum();
-    assert_eq!(beyond, f.classes[&Class::Mismatch], "{:?}", f.error_histogram);
-    assert!(f.picture.as_ref().unwrap().cells.iter().any(|l| l.contains('m')));
+    let report =
+        support::campaign_with("cpu:bug-fnuz-as-fn", "production", &[1, 2, 3], None, |r| {
+            r.format = mqa_fuzz::fp8::Fp8Format::E4m3fnuz
+        });
+    let f = report
+        .findings
+        .iter()
+        .find(|f| f.classes.contains_key(&Class::Mismatch))
+        .expect("a mismatch finding");
+    let beyond: u64 = f.error_histogram[FIRST_OUT_OF_BOUND_BIN..NON_FINITE_BIN]
+        .iter()
+        .sum();
+    assert_eq!(
+        beyond,
+        f.classes[&Class::Mismatch],
+        "{:?}",
+        f.error_histogram
+    );
+    assert!(f
+        .picture
+        .as_ref()
+        .unwrap()
+        .cells
+        .iter()
+        .any(|l| l.contains('m')));
     let clean = campaign("cpu:chunked", "production", &[1, 2, 3], None);
     assert_eq!(clean.per_kernel["cpu:chunked"].guard.redundant_cases, 3);
 }
@@ -130,12 +209,21 @@ fn picture_zooms_to_where_the_findings_are() {
     // Split-KV drop: only the rows and positions past a split boundary are wrong.
     let report = campaign("cpu:bug-split-boundary-drop", "production", &[1], None);
     let map = report.findings[0].picture.as_ref().unwrap();
-    assert!(!map.whole_case && map.row_start > 0 && map.col_start > 0, "{map:?}");
+    assert!(
+        !map.whole_case && map.row_start > 0 && map.col_start > 0,
+        "{map:?}"
+    );
     assert!(map.col_end <= map.cols && map.row_end <= map.rows);
     // Every finding element of the case is inside the window: the window's finding
     // cells cover what the oracle counted (cells are 1×k here, so count elements).
-    let shown: usize = map.cells.iter().map(|l| l.chars().filter(|c| *c == 'u').count()).sum();
-    assert!(shown as u64 * map.cols_per_cell as u64 >= report.findings[0].classes[&Class::Unwritten]);
+    let shown: usize = map
+        .cells
+        .iter()
+        .map(|l| l.chars().filter(|c| *c == 'u').count())
+        .sum();
+    assert!(
+        shown as u64 * map.cols_per_cell as u64 >= report.findings[0].classes[&Class::Unwritten]
+    );
 }
 
 fn shard_reports() -> Vec<Report> {
@@ -143,11 +231,22 @@ fn shard_reports() -> Vec<Report> {
         .iter()
         .enumerate()
         .map(|(i, seeds)| {
-            let mut r = campaign("cpu:bug-tail-unwritten", "production", seeds, Some(Shard { index: i as u32, count: 3 }));
+            let mut r = campaign(
+                "cpu:bug-tail-unwritten",
+                "production",
+                seeds,
+                Some(Shard {
+                    index: i as u32,
+                    count: 3,
+                }),
+            );
             let clean = campaign("cpu:chunked", "production", seeds, None);
             r.per_kernel.extend(clean.per_kernel);
             r.counts.cases_skipped = i as u64;
-            *r.counts.skip_reasons.entry("block size".into()).or_default() += i as u64;
+            *r.counts
+                .skip_reasons
+                .entry("block size".into())
+                .or_default() += i as u64;
             r.timings.wall_secs = 10.0 + i as f64;
             r.timings.kernel_secs = 1.0;
             r
@@ -166,27 +265,61 @@ fn merge_of_three_shards_is_their_sum() {
     for kernel in ["cpu:bug-tail-unwritten", "cpu:chunked"] {
         let k = &m.per_kernel[kernel];
         assert_eq!(k.cases, sum(&|r| r.per_kernel[kernel].cases));
-        assert_eq!(k.logits_checked, sum(&|r| r.per_kernel[kernel].logits_checked));
+        assert_eq!(
+            k.logits_checked,
+            sum(&|r| r.per_kernel[kernel].logits_checked)
+        );
         assert_eq!(k.guard.cases, sum(&|r| r.per_kernel[kernel].guard.cases));
         assert_eq!(k.guard.nan, sum(&|r| r.per_kernel[kernel].guard.nan));
-        assert_eq!(k.guard.redundant_cases, sum(&|r| r.per_kernel[kernel].guard.redundant_cases));
+        assert_eq!(
+            k.guard.redundant_cases,
+            sum(&|r| r.per_kernel[kernel].guard.redundant_cases)
+        );
     }
     // The same signature in every shard: one finding, occurrences summed.
-    let sigs: std::collections::BTreeSet<_> = shards.iter().flat_map(|r| r.findings.iter().map(|f| f.signature.clone())).collect();
+    let sigs: std::collections::BTreeSet<_> = shards
+        .iter()
+        .flat_map(|r| r.findings.iter().map(|f| f.signature.clone()))
+        .collect();
     assert_eq!(m.findings.len(), sigs.len());
-    let total: u64 = shards.iter().flat_map(|r| &r.findings).map(|f| f.occurrences).sum();
+    let total: u64 = shards
+        .iter()
+        .flat_map(|r| &r.findings)
+        .map(|f| f.occurrences)
+        .sum();
     assert_eq!(m.findings.iter().map(|f| f.occurrences).sum::<u64>(), total);
     assert_eq!(m.coverage.axes["block_size"]["16"], 6);
-    assert_eq!(m.timings.wall_secs, 12.0, "shards run side by side: the longest");
+    assert_eq!(
+        m.timings.wall_secs, 12.0,
+        "shards run side by side: the longest"
+    );
     assert_eq!(m.timings.kernel_secs, 3.0);
     assert_eq!(m.merged_shards.len(), 3);
     assert!(missing_shards(&m).is_empty());
     assert!(missing_shards(&merge(&shards[..2])) == vec![Shard { index: 2, count: 3 }]);
 
     // Merging shards gives the report of the unsharded campaign (up to bookkeeping).
-    let whole = campaign("cpu:bug-tail-unwritten", "production", &[1, 2, 3, 4, 5, 6], None);
-    assert_eq!(m.per_kernel["cpu:bug-tail-unwritten"], whole.per_kernel["cpu:bug-tail-unwritten"]);
-    assert_eq!(m.findings.iter().map(|f| (&f.signature, f.occurrences)).collect::<Vec<_>>(), whole.findings.iter().map(|f| (&f.signature, f.occurrences)).collect::<Vec<_>>());
+    let whole = campaign(
+        "cpu:bug-tail-unwritten",
+        "production",
+        &[1, 2, 3, 4, 5, 6],
+        None,
+    );
+    assert_eq!(
+        m.per_kernel["cpu:bug-tail-unwritten"],
+        whole.per_kernel["cpu:bug-tail-unwritten"]
+    );
+    assert_eq!(
+        m.findings
+            .iter()
+            .map(|f| (&f.signature, f.occurrences))
+            .collect::<Vec<_>>(),
+        whole
+            .findings
+            .iter()
+            .map(|f| (&f.signature, f.occurrences))
+            .collect::<Vec<_>>()
+    );
 
     // Through the CLI.
     let dirs: Vec<_> = shards
@@ -198,7 +331,13 @@ fn merge_of_three_shards_is_their_sum() {
         })
         .collect();
     let out = tempfile::tempdir().unwrap();
-    let st = bin().arg("merge").args(dirs.iter().map(|d| d.path())).arg("--out").arg(out.path()).status().unwrap();
+    let st = bin()
+        .arg("merge")
+        .args(dirs.iter().map(|d| d.path()))
+        .arg("--out")
+        .arg(out.path())
+        .status()
+        .unwrap();
     assert_eq!(st.code(), Some(1), "findings → exit 1");
     assert_eq!(load(out.path()).unwrap(), m);
 }
@@ -207,7 +346,13 @@ fn with_signatures(sigs: &[&str]) -> Report {
     let base = campaign("cpu:bug-tail-unwritten", "production", &[1], None);
     let template = base.findings[0].clone();
     Report {
-        findings: sigs.iter().map(|s| Finding { signature: s.to_string(), ..template.clone() }).collect(),
+        findings: sigs
+            .iter()
+            .map(|s| Finding {
+                signature: s.to_string(),
+                ..template.clone()
+            })
+            .collect(),
         ..base
     }
 }
@@ -225,17 +370,43 @@ fn diff_sorts_new_fixed_unchanged_and_gates_on_new() {
     let (b, c) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     write_all(b.path(), &base).unwrap();
     write_all(c.path(), &cand).unwrap();
-    let o = bin().arg("diff").arg(b.path()).arg(c.path()).output().unwrap();
+    let o = bin()
+        .arg("diff")
+        .arg(b.path())
+        .arg(c.path())
+        .output()
+        .unwrap();
     assert_eq!(o.status.code(), Some(1));
     let text = String::from_utf8_lossy(&o.stdout);
-    assert!(text.contains("1 new, 1 fixed, 1 unchanged") && text.contains("NEW"), "{text}");
+    assert!(
+        text.contains("1 new, 1 fixed, 1 unchanged") && text.contains("NEW"),
+        "{text}"
+    );
     // Only fixed findings: no gate.
     let fixed_only = with_signatures(&["B"]);
     write_all(c.path(), &fixed_only).unwrap();
-    assert_eq!(bin().arg("diff").arg(b.path()).arg(c.path()).status().unwrap().code(), Some(0));
+    assert_eq!(
+        bin()
+            .arg("diff")
+            .arg(b.path())
+            .arg(c.path())
+            .status()
+            .unwrap()
+            .code(),
+        Some(0)
+    );
     // Bad input: exit 2.
     let missing = b.path().join("nope");
-    assert_eq!(bin().arg("diff").arg(&missing).arg(c.path()).status().unwrap().code(), Some(2));
+    assert_eq!(
+        bin()
+            .arg("diff")
+            .arg(&missing)
+            .arg(c.path())
+            .status()
+            .unwrap()
+            .code(),
+        Some(2)
+    );
 }
 
 #[test]
@@ -248,10 +419,22 @@ fn bad_report_json_is_exit_2_naming_file_and_field() {
 
     let cases: Vec<(String, &str)> = vec![
         // Truncated mid-file: the field being read when the input ended.
-        (text[..text.find("\"per_kernel\"").unwrap() + 40].to_string(), "per_kernel"),
-        (text.replacen("\"cases_generated\": 1", "\"cases_generated\": \"many\"", 1), "counts.cases_generated"),
-        (text.replacen("\"class\": \"unwritten\"", "\"class\": \"purple\"", 1), "findings[0].class"),
-        (text.replacen("\"report_version\": 1", "\"report_version\": 99", 1), "report_version"),
+        (
+            text[..text.find("\"per_kernel\"").unwrap() + 40].to_string(),
+            "per_kernel",
+        ),
+        (
+            text.replacen("\"cases_generated\": 1", "\"cases_generated\": \"many\"", 1),
+            "counts.cases_generated",
+        ),
+        (
+            text.replacen("\"class\": \"unwritten\"", "\"class\": \"purple\"", 1),
+            "findings[0].class",
+        ),
+        (
+            text.replacen("\"report_version\": 1", "\"report_version\": 99", 1),
+            "report_version",
+        ),
         ("garbage".to_string(), "(top level)"),
     ];
     for (bad, field) in cases {
@@ -259,7 +442,11 @@ fn bad_report_json_is_exit_2_naming_file_and_field() {
         std::fs::write(&path, &bad).unwrap();
         let e = load(dir.path()).unwrap_err();
         assert_eq!(e.code, 2);
-        assert!(e.message.contains("report.json") && e.message.contains(field), "want {field}: {}", e.message);
+        assert!(
+            e.message.contains("report.json") && e.message.contains(field),
+            "want {field}: {}",
+            e.message
+        );
         let o = bin().arg("report").arg(dir.path()).output().unwrap();
         assert_eq!(o.status.code(), Some(2));
         let err = String::from_utf8_lossy(&o.stderr);
@@ -278,7 +465,12 @@ fn report_subcommand_rerenders_from_report_json() {
     }
     std::fs::remove_dir_all(dir.path().join("pictures")).unwrap();
     let o = bin().arg("report").arg(dir.path()).output().unwrap();
-    assert_eq!(o.status.code(), Some(1), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     for name in FILES {
         assert!(dir.path().join(name).is_file(), "{name} not re-rendered");
     }

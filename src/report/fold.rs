@@ -56,19 +56,40 @@ fn join_distinct<'a>(items: impl Iterator<Item = &'a str>) -> String {
 /// `finished_unix` the latest; `interrupted` if any shard was. `merged_shards` lists the
 /// shards folded in, so a missing shard shows (see [`missing_shards`]).
 pub fn merge(reports: &[Report]) -> Report {
-    let mut m = Report { report_version: REPORT_VERSION, ..Default::default() };
-    let Some(first) = reports.first() else { return m };
+    let mut m = Report {
+        report_version: REPORT_VERSION,
+        ..Default::default()
+    };
+    let Some(first) = reports.first() else {
+        return m;
+    };
     m.tool_version = join_distinct(reports.iter().map(|r| r.tool_version.as_str()));
     m.profile = join_distinct(reports.iter().map(|r| r.profile.as_str()));
     m.seed = first.seed;
     m.environment = first.environment.clone();
     m.environment.hostname = join_distinct(reports.iter().map(|r| r.environment.hostname.as_str()));
-    m.environment.gpus = reports.iter().flat_map(|r| r.environment.gpus.iter().cloned()).collect::<BTreeSet<_>>().into_iter().collect();
-    m.started_unix = reports.iter().map(|r| r.started_unix).filter(|&t| t > 0).min().unwrap_or(0);
+    m.environment.gpus = reports
+        .iter()
+        .flat_map(|r| r.environment.gpus.iter().cloned())
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    m.started_unix = reports
+        .iter()
+        .map(|r| r.started_unix)
+        .filter(|&t| t > 0)
+        .min()
+        .unwrap_or(0);
     m.finished_unix = reports.iter().map(|r| r.finished_unix).max().unwrap_or(0);
     m.interrupted = reports.iter().any(|r| r.interrupted);
-    m.budget_secs = reports.iter().filter_map(|r| r.budget_secs).reduce(f64::max);
-    m.max_cases = reports.iter().filter_map(|r| r.max_cases).reduce(|a, b| a + b);
+    m.budget_secs = reports
+        .iter()
+        .filter_map(|r| r.budget_secs)
+        .reduce(f64::max);
+    m.max_cases = reports
+        .iter()
+        .filter_map(|r| r.max_cases)
+        .reduce(|a, b| a + b);
     let mut shards = BTreeSet::new();
     let mut runs = Vec::new();
     for r in reports {
@@ -121,7 +142,15 @@ pub fn merge(reports: &[Report]) -> Report {
         }
     }
     m.merged_shards = shards.into_iter().collect();
-    m.run_id = if runs.len() == 1 { runs[0].clone() } else { format!("merge-of-{}-runs-{}", runs.len(), runs.first().cloned().unwrap_or_default()) };
+    m.run_id = if runs.len() == 1 {
+        runs[0].clone()
+    } else {
+        format!(
+            "merge-of-{}-runs-{}",
+            runs.len(),
+            runs.first().cloned().unwrap_or_default()
+        )
+    };
     m.merged_runs = runs;
     m
 }
@@ -129,8 +158,13 @@ pub fn merge(reports: &[Report]) -> Report {
 /// Shards of the campaign not folded into a merged report (empty when complete, or when
 /// the report was not sharded).
 pub fn missing_shards(r: &Report) -> Vec<Shard> {
-    let Some(count) = r.merged_shards.iter().map(|s| s.count).max() else { return Vec::new() };
-    (0..count).map(|index| Shard { index, count }).filter(|s| !r.merged_shards.contains(s)).collect()
+    let Some(count) = r.merged_shards.iter().map(|s| s.count).max() else {
+        return Vec::new();
+    };
+    (0..count)
+        .map(|index| Shard { index, count })
+        .filter(|s| !r.merged_shards.contains(s))
+        .collect()
 }
 
 /// New (in `cand` only), fixed (in `base` only) and unchanged findings, by signature.
@@ -145,16 +179,36 @@ pub fn diff(base: &Report, cand: &Report) -> ReportDiff {
             d.new.push(f.clone());
         }
     }
-    d.fixed = base.findings.iter().filter(|f| !cand_sigs.contains(f.signature.as_str())).cloned().collect();
+    d.fixed = base
+        .findings
+        .iter()
+        .filter(|f| !cand_sigs.contains(f.signature.as_str()))
+        .cloned()
+        .collect();
     d
 }
 
 /// `diff` as text for the terminal: one line per finding, grouped.
 pub fn diff_text(d: &ReportDiff) -> String {
-    let mut s = format!("{} new, {} fixed, {} unchanged finding(s)\n", d.new.len(), d.fixed.len(), d.unchanged.len());
-    for (label, list) in [("NEW", &d.new), ("FIXED", &d.fixed), ("unchanged", &d.unchanged)] {
+    let mut s = format!(
+        "{} new, {} fixed, {} unchanged finding(s)\n",
+        d.new.len(),
+        d.fixed.len(),
+        d.unchanged.len()
+    );
+    for (label, list) in [
+        ("NEW", &d.new),
+        ("FIXED", &d.fixed),
+        ("unchanged", &d.unchanged),
+    ] {
         for f in list {
-            s.push_str(&format!("{label:9}  {}  {}  {}  x{}", f.signature, f.kernel, f.class_name(), f.occurrences));
+            s.push_str(&format!(
+                "{label:9}  {}  {}  {}  x{}",
+                f.signature,
+                f.kernel,
+                f.class_name(),
+                f.occurrences
+            ));
             if label == "NEW" && !f.replay_command.is_empty() {
                 s.push_str(&format!("  replay: {}", f.replay_command));
             }

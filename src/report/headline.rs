@@ -8,7 +8,7 @@ pub fn group(n: u64) -> String {
     let s = n.to_string();
     let mut o = String::new();
     for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
             o.push(',');
         }
         o.push(c);
@@ -30,9 +30,15 @@ pub fn kernel_headline(name: &str, k: &KernelStats) -> String {
     let g = &k.guard;
     let mut s = format!("{name}: ");
     if g.cases == 0 {
-        s.push_str(&format!("no case judged ({} skipped", plural(k.skipped, "case", "cases")));
+        s.push_str(&format!(
+            "no case judged ({} skipped",
+            plural(k.skipped, "case", "cases")
+        ));
         if k.cases > 0 {
-            s.push_str(&format!(", {} crashed or unjudged", plural(k.cases, "case", "cases")));
+            s.push_str(&format!(
+                ", {} crashed or unjudged",
+                plural(k.cases, "case", "cases")
+            ));
         }
         s.push(')');
     } else if g.redundant_cases == g.cases {
@@ -60,8 +66,16 @@ pub fn kernel_headline(name: &str, k: &KernelStats) -> String {
         ));
     }
     if k.with_findings > 0 {
-        let classes: Vec<String> = k.class_totals.iter().map(|(c, n)| format!("{c} in {}", plural(*n, "case", "cases"))).collect();
-        s.push_str(&format!("; findings in {}: {}", plural(k.with_findings, "case", "cases"), classes.join(", ")));
+        let classes: Vec<String> = k
+            .class_totals
+            .iter()
+            .map(|(c, n)| format!("{c} in {}", plural(*n, "case", "cases")))
+            .collect();
+        s.push_str(&format!(
+            "; findings in {}: {}",
+            plural(k.with_findings, "case", "cases"),
+            classes.join(", ")
+        ));
     }
     s
 }
@@ -80,7 +94,11 @@ pub fn headline(report: &Report) -> String {
     if report.per_kernel.is_empty() {
         return "no kernel ran".to_string();
     }
-    let mut lines: Vec<String> = report.per_kernel.iter().map(|(n, k)| kernel_headline(n, k)).collect();
+    let mut lines: Vec<String> = report
+        .per_kernel
+        .iter()
+        .map(|(n, k)| kernel_headline(n, k))
+        .collect();
     if report.interrupted {
         if let Some(first) = lines.first_mut() {
             first.insert_str(0, "(interrupted) ");

@@ -20,8 +20,18 @@ td.n{text-align:right}pre{background:#f4f4f4;padding:.5em;overflow-x:auto}\
 /// Titles of the two pictures of finding `i` (shared by the inline and file copies).
 pub fn picture_titles(i: usize, f: &Finding) -> (String, String) {
     (
-        format!("finding {} — {} on {}: classes per row × position", i + 1, f.class_name(), f.kernel),
-        format!("finding {} — {} on {}: |err| / bound", i + 1, f.class_name(), f.kernel),
+        format!(
+            "finding {} — {} on {}: classes per row × position",
+            i + 1,
+            f.class_name(),
+            f.kernel
+        ),
+        format!(
+            "finding {} — {} on {}: |err| / bound",
+            i + 1,
+            f.class_name(),
+            f.kernel
+        ),
     )
 }
 
@@ -34,10 +44,19 @@ pub fn index_html(r: &Report) -> String {
         if clean { "CLEAN" } else { "FINDINGS" },
         escape(&r.run_id)
     );
-    let _ = write!(s, "<h1>mqa-fuzz: {}</h1>", if clean { "no findings" } else { "findings" });
+    let _ = write!(
+        s,
+        "<h1>mqa-fuzz: {}</h1>",
+        if clean { "no findings" } else { "findings" }
+    );
     for (name, k) in &r.per_kernel {
         let ok = k.with_findings == 0 && k.guard.redundant_cases == k.guard.cases;
-        let _ = write!(s, "<div class=\"verdict {}\">{}</div>", if ok { "clean" } else { "bad" }, escape(&kernel_headline(name, k)));
+        let _ = write!(
+            s,
+            "<div class=\"verdict {}\">{}</div>",
+            if ok { "clean" } else { "bad" },
+            escape(&kernel_headline(name, k))
+        );
     }
     if r.interrupted {
         s.push_str("<p class=\"cls\">The run was interrupted: counts cover what ran.</p>");
@@ -51,7 +70,12 @@ pub fn index_html(r: &Report) -> String {
     }
     s.push_str("<h2>Kernels</h2><table><tr><th>kernel</th><th>version</th><th>cases</th><th>clean</th><th>with findings</th><th>skipped</th><th>guard redundant</th><th>rows</th><th>logits</th><th>max err/bound</th><th>kernel s</th></tr>");
     for (name, k) in &r.per_kernel {
-        let version = r.kernels.iter().find(|x| &x.name == name).map(|x| x.version.clone()).unwrap_or_default();
+        let version = r
+            .kernels
+            .iter()
+            .find(|x| &x.name == name)
+            .map(|x| x.version.clone())
+            .unwrap_or_default();
         let _ = write!(
             s,
             "<tr><td>{}</td><td>{}</td><td class=n>{}</td><td class=n>{}</td><td class=n>{}</td><td class=n>{}</td><td class=n>{}/{}</td><td class=n>{}</td><td class=n>{}</td><td class=n>{}</td><td class=n>{:.2}</td></tr>",
@@ -84,9 +108,23 @@ fn finding_html(s: &mut String, i: usize, f: &Finding) {
         ("signature", f.signature.clone()),
         ("classes", classes.join(", ")),
         ("verdict", crate::cli::verdict_line(&f.verdict)),
-        ("case", format!("{} rows, {} tokens, {}shrunk", f.rows, f.tokens, if f.shrunk { "" } else { "not " })),
-        ("seed", f.seed.map(|x| x.to_string()).unwrap_or_else(|| "—".into())),
-        ("case file", f.case_file.clone().unwrap_or_else(|| "—".into())),
+        (
+            "case",
+            format!(
+                "{} rows, {} tokens, {}shrunk",
+                f.rows,
+                f.tokens,
+                if f.shrunk { "" } else { "not " }
+            ),
+        ),
+        (
+            "seed",
+            f.seed.map(|x| x.to_string()).unwrap_or_else(|| "—".into()),
+        ),
+        (
+            "case file",
+            f.case_file.clone().unwrap_or_else(|| "—".into()),
+        ),
         (
             "guard",
             if f.verdict.guard.redundant {
@@ -131,7 +169,11 @@ fn finding_html(s: &mut String, i: usize, f: &Finding) {
         let _ = write!(s, "<div>{}</div>", class_map_svg(map, &map_title));
     }
     if f.error_histogram.iter().any(|&n| n > 0) {
-        let _ = write!(s, "<div>{}</div>", histogram_svg(&f.error_histogram, &hist_title));
+        let _ = write!(
+            s,
+            "<div>{}</div>",
+            histogram_svg(&f.error_histogram, &hist_title)
+        );
     }
     s.push_str("</div>");
 }
@@ -146,7 +188,15 @@ fn run_html(s: &mut String, r: &Report) {
         if missing.is_empty() {
             format!("merged: {}", list.join(" "))
         } else {
-            format!("merged: {}; MISSING: {}", list.join(" "), missing.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(" "))
+            format!(
+                "merged: {}; MISSING: {}",
+                list.join(" "),
+                missing
+                    .iter()
+                    .map(|x| x.to_string())
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            )
         }
     } else {
         "not sharded".into()
@@ -189,10 +239,19 @@ fn coverage_html(s: &mut String, r: &Report) {
     s.push_str("<h2>Coverage</h2><p class=\"muted\">Cases per value of each axis (a zero or missing value is an axis the campaign never reached).</p><table><tr><th>axis</th><th>values (cases)</th></tr>");
     for (axis, values) in &r.coverage.axes {
         let v: Vec<String> = values.iter().map(|(k, n)| format!("{k} ({n})")).collect();
-        let _ = write!(s, "<tr><td>{}</td><td>{}</td></tr>", escape(axis), escape(&v.join(", ")));
+        let _ = write!(
+            s,
+            "<tr><td>{}</td><td>{}</td></tr>",
+            escape(axis),
+            escape(&v.join(", "))
+        );
     }
     s.push_str("</table>");
     if !r.coverage.combos.is_empty() {
-        let _ = write!(s, "<p class=\"muted\">{} distinct axis combinations reached.</p>", r.coverage.combos.len());
+        let _ = write!(
+            s,
+            "<p class=\"muted\">{} distinct axis combinations reached.</p>",
+            r.coverage.combos.len()
+        );
     }
 }

@@ -17,12 +17,24 @@ fn secs(x: f64) -> Duration {
 fn kernel_profiles(report: &Report) -> Vec<(String, BTreeSet<String>)> {
     let mut names: BTreeSet<String> = report.per_kernel.keys().cloned().collect();
     names.extend(report.findings.iter().map(|f| f.kernel.clone()));
-    let run_profiles: BTreeSet<String> = report.profile.split(',').map(str::trim).filter(|p| !p.is_empty()).map(String::from).collect();
+    let run_profiles: BTreeSet<String> = report
+        .profile
+        .split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(String::from)
+        .collect();
     names
         .into_iter()
         .map(|k| {
             let mut p = run_profiles.clone();
-            p.extend(report.findings.iter().filter(|f| f.kernel == k).map(|f| f.profile.clone()));
+            p.extend(
+                report
+                    .findings
+                    .iter()
+                    .filter(|f| f.kernel == k)
+                    .map(|f| f.profile.clone()),
+            );
             if p.is_empty() {
                 p.insert("default".into());
             }
@@ -41,14 +53,32 @@ pub fn junit_xml(report: &Report) -> String {
         suite.add_property(("headline", kernel_headline(&kernel, &stats).as_str()));
         for profile in &profiles {
             let classname = format!("mqa-fuzz.{kernel}.{profile}");
-            let findings: Vec<_> = report.findings.iter().filter(|f| &f.kernel == &kernel && &f.profile == profile).collect();
+            let findings: Vec<_> = report
+                .findings
+                .iter()
+                .filter(|f| f.kernel == kernel && &f.profile == profile)
+                .collect();
             for f in &findings {
-                let kind = if f.class == Some(crate::oracle::Class::Crash) { NonSuccessKind::Error } else { NonSuccessKind::Failure };
+                let kind = if f.class == Some(crate::oracle::Class::Crash) {
+                    NonSuccessKind::Error
+                } else {
+                    NonSuccessKind::Failure
+                };
                 let mut status = TestCaseStatus::non_success(kind);
-                let classes: Vec<String> = f.classes.iter().map(|(c, n)| format!("{c} x{n}")).collect();
-                status.set_message(format!("{} on {} case(s): {}", f.class_name(), f.occurrences, classes.join(", ")));
+                let classes: Vec<String> =
+                    f.classes.iter().map(|(c, n)| format!("{c} x{n}")).collect();
+                status.set_message(format!(
+                    "{} on {} case(s): {}",
+                    f.class_name(),
+                    f.occurrences,
+                    classes.join(", ")
+                ));
                 status.set_type(f.class_name());
-                let mut text = format!("signature: {}\n{}\n", f.signature, crate::cli::verdict_line(&f.verdict));
+                let mut text = format!(
+                    "signature: {}\n{}\n",
+                    f.signature,
+                    crate::cli::verdict_line(&f.verdict)
+                );
                 for ex in &f.verdict.examples {
                     text.push_str(&format!("  {ex:?}\n"));
                 }
@@ -67,13 +97,18 @@ pub fn junit_xml(report: &Report) -> String {
         }
         junit.add_test_suite(suite);
     }
-    junit.to_string().unwrap_or_else(|e| format!("<!-- junit serialization failed: {e} -->"))
+    junit
+        .to_string()
+        .unwrap_or_else(|e| format!("<!-- junit serialization failed: {e} -->"))
 }
 
 fn clean_case(kernel: &str, stats: &KernelStats, classname: &str, profile: &str) -> TestCase {
     let status = if stats.cases == 0 && stats.guard.cases == 0 {
         let mut s = TestCaseStatus::skipped();
-        s.set_message(format!("no case of profile {profile} ran on {kernel} ({} skipped)", stats.skipped));
+        s.set_message(format!(
+            "no case of profile {profile} ran on {kernel} ({} skipped)",
+            stats.skipped
+        ));
         s
     } else {
         TestCaseStatus::success()

@@ -20,7 +20,11 @@ pub fn ratio(x: f64) -> String {
 
 pub fn summary_md(r: &Report) -> String {
     let mut s = String::new();
-    let verdict = if r.findings.is_empty() { "CLEAN" } else { "FINDINGS" };
+    let verdict = if r.findings.is_empty() {
+        "CLEAN"
+    } else {
+        "FINDINGS"
+    };
     let _ = writeln!(s, "# mqa-fuzz {verdict}: run `{}`\n", r.run_id);
     for line in headline(r).lines() {
         let _ = writeln!(s, "> {line}  ");
@@ -34,7 +38,14 @@ pub fn summary_md(r: &Report) -> String {
             if missing.is_empty() {
                 format!(", {n} shards merged")
             } else {
-                format!(", {n} shards merged, MISSING {}", missing.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(" "))
+                format!(
+                    ", {n} shards merged, MISSING {}",
+                    missing
+                        .iter()
+                        .map(|s| s.to_string())
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                )
             }
         }
     };
@@ -68,7 +79,10 @@ pub fn summary_md(r: &Report) -> String {
     }
     if !r.findings.is_empty() {
         let _ = writeln!(s, "\n## {} distinct finding(s)\n", r.findings.len());
-        let _ = writeln!(s, "| kernel | profile | class | cases | shrunk | rows × tokens | replay |");
+        let _ = writeln!(
+            s,
+            "| kernel | profile | class | cases | shrunk | rows × tokens | replay |"
+        );
         let _ = writeln!(s, "|---|---|---|---:|---|---|---|");
         for f in r.findings.iter().take(MAX_LISTED) {
             let _ = writeln!(
@@ -85,9 +99,16 @@ pub fn summary_md(r: &Report) -> String {
             );
         }
         if r.findings.len() > MAX_LISTED {
-            let _ = writeln!(s, "\n… and {} more in `report.json` / `index.html`.", r.findings.len() - MAX_LISTED);
+            let _ = writeln!(
+                s,
+                "\n… and {} more in `report.json` / `index.html`.",
+                r.findings.len() - MAX_LISTED
+            );
         }
     }
-    let _ = writeln!(s, "\nDetails and pictures: `index.html`; machine-readable: `report.json`, `junit.xml`.");
+    let _ = writeln!(
+        s,
+        "\nDetails and pictures: `index.html`; machine-readable: `report.json`, `junit.xml`."
+    );
     s
 }

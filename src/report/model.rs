@@ -61,7 +61,9 @@ pub struct KernelInfo {
 
 /// Shard `index` of `count` (0-based): the seeds a campaign runs are partitioned so that
 /// shards never overlap.
-#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord, Hash,
+)]
 pub struct Shard {
     pub index: u32,
     pub count: u32,
@@ -343,7 +345,9 @@ pub mod json_f64 {
                 "inf" | "+inf" | "infinity" => Ok(f64::INFINITY),
                 "-inf" | "-infinity" => Ok(f64::NEG_INFINITY),
                 "nan" | "NaN" => Ok(f64::NAN),
-                other => Err(format!("expected a number, \"inf\", \"-inf\" or \"nan\", found {other:?}")),
+                other => Err(format!(
+                    "expected a number, \"inf\", \"-inf\" or \"nan\", found {other:?}"
+                )),
             },
             other => Err(format!("expected a number, found {other}")),
         }
@@ -404,7 +408,8 @@ pub mod verdict_json {
         if let Some(m) = val.get_mut("metrics").and_then(Value::as_object_mut) {
             for name in METRICS {
                 if let Some(x) = m.get_mut(name) {
-                    let f = from_json(x).map_err(|e| D::Error::custom(format!("metrics.{name}: {e}")))?;
+                    let f = from_json(x)
+                        .map_err(|e| D::Error::custom(format!("metrics.{name}: {e}")))?;
                     *x = Value::from(0.0);
                     metrics.push((name, f));
                 }
@@ -415,7 +420,8 @@ pub mod verdict_json {
             for (i, ex) in list.iter_mut().enumerate() {
                 for name in OFFENDER {
                     if let Some(x) = ex.get_mut(name).filter(|x| x.is_string()) {
-                        let f = from_json(x).map_err(|e| D::Error::custom(format!("examples[{i}].{name}: {e}")))?;
+                        let f = from_json(x)
+                            .map_err(|e| D::Error::custom(format!("examples[{i}].{name}: {e}")))?;
                         *x = Value::Null;
                         offenders.push((i, name, f));
                     }

@@ -38,14 +38,17 @@ const COL_CONTEXT: usize = 8;
 /// oracle's `max_err_over_bound` metric; elements whose reference is undefined
 /// (hostile inputs) or was not computed are not counted.
 pub const HISTOGRAM_BINS: [&str; 13] = [
-    "0", "≤1e-6", "≤1e-5", "≤1e-4", "≤1e-3", "≤0.01", "≤0.1", "≤1", "≤10", "≤100", "≤1e3", ">1e3", "NaN/inf",
+    "0", "≤1e-6", "≤1e-5", "≤1e-4", "≤1e-3", "≤0.01", "≤0.1", "≤1", "≤10", "≤100", "≤1e3", ">1e3",
+    "NaN/inf",
 ];
 pub const FIRST_OUT_OF_BOUND_BIN: usize = 8;
 pub const NON_FINITE_BIN: usize = 12;
 
 /// The bin of one ratio (see [`HISTOGRAM_BINS`]); `None` for a non-finite kernel value.
 pub fn histogram_bin(ratio: Option<f64>) -> usize {
-    let Some(x) = ratio else { return NON_FINITE_BIN };
+    let Some(x) = ratio else {
+        return NON_FINITE_BIN;
+    };
     if x == 0.0 {
         return 0;
     }
@@ -64,7 +67,13 @@ pub fn histogram_bin(ratio: Option<f64>) -> usize {
 /// Classifies every element of V(r) and calls `visit(row, pos, class, ratio)`; the
 /// ratio is `|err| / bound` for finite kernel values with a defined reference, `None`
 /// for NaN/±inf/unwritten, and absent (the class says why) otherwise.
-fn scan(case: &Case, reference: &Reference, caps: &Capabilities, out: &OutputBuffer, mut visit: impl FnMut(usize, usize, CellClass, Option<Option<f64>>)) {
+fn scan(
+    case: &Case,
+    reference: &Reference,
+    caps: &Capabilities,
+    out: &OutputBuffer,
+    mut visit: impl FnMut(usize, usize, CellClass, Option<Option<f64>>),
+) {
     let bound = ErrorBound::for_kernel(caps.accumulation, &case.shape);
     for r in 0..case.rows().min(out.rows) {
         let row = out.row(r);
@@ -106,16 +115,34 @@ fn scan(case: &Case, reference: &Reference, caps: &Capabilities, out: &OutputBuf
             } else {
                 let (_, m, a) = reference::element(case, reference.placement, r, t);
                 let full = bound.full(m, a);
-                (if err <= full { CellClass::Ok } else { CellClass::Mismatch }, full)
+                (
+                    if err <= full {
+                        CellClass::Ok
+                    } else {
+                        CellClass::Mismatch
+                    },
+                    full,
+                )
             };
-            let ratio = if b > 0.0 { err / b } else if err == 0.0 { 0.0 } else { f64::INFINITY };
+            let ratio = if b > 0.0 {
+                err / b
+            } else if err == 0.0 {
+                0.0
+            } else {
+                f64::INFINITY
+            };
             visit(r, t, class, Some(Some(ratio)));
         }
     }
 }
 
 /// Counts of `|err| / bound` over V(r) in the bins of [`HISTOGRAM_BINS`].
-pub fn error_histogram(case: &Case, reference: &Reference, caps: &Capabilities, out: &OutputBuffer) -> Vec<u64> {
+pub fn error_histogram(
+    case: &Case,
+    reference: &Reference,
+    caps: &Capabilities,
+    out: &OutputBuffer,
+) -> Vec<u64> {
     let mut hist = vec![0u64; HISTOGRAM_BINS.len()];
     scan(case, reference, caps, out, |_, _, _, ratio| {
         if let Some(ratio) = ratio {
@@ -128,11 +155,18 @@ pub fn error_histogram(case: &Case, reference: &Reference, caps: &Capabilities, 
 /// The class map of a case: every element of V(r) classified, outside V(r) shown as
 /// such, the window zoomed to the bounding box of the finding elements (with a little
 /// context), or the whole case when no element of V(r) is a finding (crash, oob_write).
-pub fn class_map(case: &Case, reference: &Reference, caps: &Capabilities, out: &OutputBuffer) -> ClassMap {
+pub fn class_map(
+    case: &Case,
+    reference: &Reference,
+    caps: &Capabilities,
+    out: &OutputBuffer,
+) -> ClassMap {
     let rows = case.rows();
     let cols = case.max_model_len;
     // Classes per row over V(r) (one byte per element: only V(r) is stored).
-    let mut classes: Vec<Vec<CellClass>> = (0..rows).map(|r| Vec::with_capacity(case.valid_len(r).min(cols))).collect();
+    let mut classes: Vec<Vec<CellClass>> = (0..rows)
+        .map(|r| Vec::with_capacity(case.valid_len(r).min(cols)))
+        .collect();
     let mut counts: BTreeMap<String, u64> = BTreeMap::new();
     let (mut rmin, mut rmax, mut cmin, mut cmax) = (usize::MAX, 0, usize::MAX, 0);
     scan(case, reference, caps, out, |r, t, c, _| {
@@ -187,13 +221,30 @@ pub fn class_map(case: &Case, reference: &Reference, caps: &Capabilities, out: &
         cells.push(line);
         r0 = r1;
     }
-    ClassMap { rows, cols, row_start, row_end, col_start, col_end, rows_per_cell, cols_per_cell, cells, counts, whole_case }
+    ClassMap {
+        rows,
+        cols,
+        row_start,
+        row_end,
+        col_start,
+        col_end,
+        rows_per_cell,
+        cols_per_cell,
+        cells,
+        counts,
+        whole_case,
+    }
 }
 
 impl ClassMap {
     /// The cell classes present in the window, in severity order.
     pub fn classes_shown(&self) -> Vec<CellClass> {
-        let mut v: Vec<CellClass> = self.cells.iter().flat_map(|l| l.chars()).filter_map(CellClass::from_code).collect();
+        let mut v: Vec<CellClass> = self
+            .cells
+            .iter()
+            .flat_map(|l| l.chars())
+            .filter_map(CellClass::from_code)
+            .collect();
         v.sort();
         v.dedup();
         v

@@ -26,7 +26,13 @@ const FONT: &str = "font-family=\"sans-serif\" font-size=\"11\"";
 /// The class map as SVG: one rectangle per run of equal cells, rows top to bottom,
 /// positions left to right, axis ranges and a legend of the classes shown.
 pub fn class_map_svg(map: &ClassMap, title: &str) -> String {
-    let ncols = map.cells.iter().map(|l| l.chars().count()).max().unwrap_or(0).max(1);
+    let ncols = map
+        .cells
+        .iter()
+        .map(|l| l.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(1);
     let nrows = map.cells.len().max(1);
     // Pixels per cell: a picture about 720 × (up to) 400 px, cells never below 2 px.
     let cw = (720 / ncols).clamp(2, 24);
@@ -43,8 +49,15 @@ pub fn class_map_svg(map: &ClassMap, title: &str) -> String {
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" viewBox=\"0 0 {width} {height}\" shape-rendering=\"crispEdges\" role=\"img\">"
     );
     let _ = write!(s, "<title>{}</title>", escape(title));
-    let _ = write!(s, "<rect x=\"0\" y=\"0\" width=\"{width}\" height=\"{height}\" fill=\"#ffffff\"/>");
-    let _ = write!(s, "<text x=\"{left}\" y=\"14\" {FONT}>{}</text>", escape(title));
+    let _ = write!(
+        s,
+        "<rect x=\"0\" y=\"0\" width=\"{width}\" height=\"{height}\" fill=\"#ffffff\"/>"
+    );
+    let _ = write!(
+        s,
+        "<text x=\"{left}\" y=\"14\" {FONT}>{}</text>",
+        escape(title)
+    );
     for (i, line) in map.cells.iter().enumerate() {
         let y = top + i * ch;
         let chars: Vec<char> = line.chars().collect();
@@ -69,23 +82,67 @@ pub fn class_map_svg(map: &ClassMap, title: &str) -> String {
     // Axes: first and last row and position of the window.
     let row_last = map.row_end.saturating_sub(1);
     let col_last = map.col_end.saturating_sub(1);
-    let _ = write!(s, "<text x=\"{}\" y=\"{}\" {FONT} text-anchor=\"end\">row {}</text>", left - 4, top + 10, map.row_start);
-    let _ = write!(s, "<text x=\"{}\" y=\"{}\" {FONT} text-anchor=\"end\">row {row_last}</text>", left - 4, top + ph);
-    let _ = write!(s, "<text x=\"{left}\" y=\"{}\" {FONT}>pos {}</text>", top + ph + 13, map.col_start);
-    let _ = write!(s, "<text x=\"{}\" y=\"{}\" {FONT} text-anchor=\"end\">pos {col_last}</text>", left + pw, top + ph + 13);
+    let _ = write!(
+        s,
+        "<text x=\"{}\" y=\"{}\" {FONT} text-anchor=\"end\">row {}</text>",
+        left - 4,
+        top + 10,
+        map.row_start
+    );
+    let _ = write!(
+        s,
+        "<text x=\"{}\" y=\"{}\" {FONT} text-anchor=\"end\">row {row_last}</text>",
+        left - 4,
+        top + ph
+    );
+    let _ = write!(
+        s,
+        "<text x=\"{left}\" y=\"{}\" {FONT}>pos {}</text>",
+        top + ph + 13,
+        map.col_start
+    );
+    let _ = write!(
+        s,
+        "<text x=\"{}\" y=\"{}\" {FONT} text-anchor=\"end\">pos {col_last}</text>",
+        left + pw,
+        top + ph + 13
+    );
     let scale = if map.rows_per_cell > 1 || map.cols_per_cell > 1 {
-        format!("; one cell = {} row(s) × {} position(s), worst class shown", map.rows_per_cell, map.cols_per_cell)
+        format!(
+            "; one cell = {} row(s) × {} position(s), worst class shown",
+            map.rows_per_cell, map.cols_per_cell
+        )
     } else {
         String::new()
     };
-    let zoom = if map.whole_case { "whole case".to_string() } else { format!("zoomed to the findings of a {}×{} case", map.rows, map.cols) };
-    let _ = write!(s, "<text x=\"{left}\" y=\"{}\" {FONT} fill=\"#555555\">{}{}</text>", top + ph + 27, escape(&zoom), escape(&scale));
+    let zoom = if map.whole_case {
+        "whole case".to_string()
+    } else {
+        format!("zoomed to the findings of a {}×{} case", map.rows, map.cols)
+    };
+    let _ = write!(
+        s,
+        "<text x=\"{left}\" y=\"{}\" {FONT} fill=\"#555555\">{}{}</text>",
+        top + ph + 27,
+        escape(&zoom),
+        escape(&scale)
+    );
     for (i, c) in shown.iter().enumerate() {
         let x = left + (i % 3) * 210;
         let y = top + ph + 36 + (i / 3) * 18;
-        let _ = write!(s, "<rect x=\"{x}\" y=\"{y}\" width=\"12\" height=\"12\" fill=\"{}\" stroke=\"#444444\"/>", c.hex());
+        let _ = write!(
+            s,
+            "<rect x=\"{x}\" y=\"{y}\" width=\"12\" height=\"12\" fill=\"{}\" stroke=\"#444444\"/>",
+            c.hex()
+        );
         let n = map.counts.get(c.name()).copied().unwrap_or(0);
-        let _ = write!(s, "<text x=\"{}\" y=\"{}\" {FONT}>{} ({n})</text>", x + 16, y + 10, escape(c.label()));
+        let _ = write!(
+            s,
+            "<text x=\"{}\" y=\"{}\" {FONT}>{} ({n})</text>",
+            x + 16,
+            y + 10,
+            escape(c.label())
+        );
     }
     s.push_str("</svg>");
     s
@@ -106,10 +163,21 @@ pub fn histogram_svg(hist: &[u64], title: &str) -> String {
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" viewBox=\"0 0 {width} {height}\" role=\"img\">"
     );
     let _ = write!(s, "<title>{}</title>", escape(title));
-    let _ = write!(s, "<rect x=\"0\" y=\"0\" width=\"{width}\" height=\"{height}\" fill=\"#ffffff\"/>");
-    let _ = write!(s, "<text x=\"{left}\" y=\"14\" {FONT}>{}</text>", escape(title));
+    let _ = write!(
+        s,
+        "<rect x=\"0\" y=\"0\" width=\"{width}\" height=\"{height}\" fill=\"#ffffff\"/>"
+    );
+    let _ = write!(
+        s,
+        "<text x=\"{left}\" y=\"14\" {FONT}>{}</text>",
+        escape(title)
+    );
     for (i, &count) in hist.iter().enumerate() {
-        let h = if count == 0 { 0.0 } else { ((count as f64).log10() + 1.0) / (max.log10() + 1.0) * ph as f64 };
+        let h = if count == 0 {
+            0.0
+        } else {
+            ((count as f64).log10() + 1.0) / (max.log10() + 1.0) * ph as f64
+        };
         let colour = if i >= NON_FINITE_BIN {
             CellClass::Nan
         } else if i >= FIRST_OUT_OF_BOUND_BIN {
@@ -121,14 +189,31 @@ pub fn histogram_svg(hist: &[u64], title: &str) -> String {
         let y = top as f64 + ph as f64 - h;
         let _ = write!(s, "<rect x=\"{}\" y=\"{y:.1}\" width=\"{}\" height=\"{h:.1}\" fill=\"{}\"><title>{}: {count}</title></rect>", x + 2, bw - 4, colour.hex(), escape(HISTOGRAM_BINS.get(i).copied().unwrap_or("?")));
         if count > 0 {
-            let _ = write!(s, "<text x=\"{}\" y=\"{:.1}\" {FONT} text-anchor=\"middle\">{count}</text>", x + bw / 2, y - 2.0);
+            let _ = write!(
+                s,
+                "<text x=\"{}\" y=\"{:.1}\" {FONT} text-anchor=\"middle\">{count}</text>",
+                x + bw / 2,
+                y - 2.0
+            );
         }
-        let _ = write!(s, "<text x=\"{}\" y=\"{}\" {FONT} text-anchor=\"middle\">{}</text>", x + bw / 2, top + ph + 13, escape(HISTOGRAM_BINS.get(i).copied().unwrap_or("?")));
+        let _ = write!(
+            s,
+            "<text x=\"{}\" y=\"{}\" {FONT} text-anchor=\"middle\">{}</text>",
+            x + bw / 2,
+            top + ph + 13,
+            escape(HISTOGRAM_BINS.get(i).copied().unwrap_or("?"))
+        );
     }
     let bx = left + FIRST_OUT_OF_BOUND_BIN * bw;
     let _ = write!(s, "<line x1=\"{bx}\" y1=\"{top}\" x2=\"{bx}\" y2=\"{}\" stroke=\"#444444\" stroke-dasharray=\"4 3\"/>", top + ph);
     let _ = write!(s, "<text x=\"{left}\" y=\"{}\" {FONT} fill=\"#555555\">|err| / bound per element of V(r); log-scale counts; dashed line = bound</text>", top + ph + 28);
-    let _ = write!(s, "<line x1=\"{left}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"#444444\"/>", top + ph, left + n * bw, top + ph);
+    let _ = write!(
+        s,
+        "<line x1=\"{left}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"#444444\"/>",
+        top + ph,
+        left + n * bw,
+        top + ph
+    );
     s.push_str("</svg>");
     s
 }

@@ -47,7 +47,13 @@ pub fn campaign(kernel_name: &str, profile: &str, seeds: &[u64], shard: Option<S
 }
 
 /// [`campaign`] with each recipe adjusted by `tweak` (e.g. the fp8 format a bug needs).
-pub fn campaign_with(kernel_name: &str, profile: &str, seeds: &[u64], shard: Option<Shard>, tweak: impl Fn(&mut Recipe)) -> Report {
+pub fn campaign_with(
+    kernel_name: &str,
+    profile: &str,
+    seeds: &[u64],
+    shard: Option<Shard>,
+    tweak: impl Fn(&mut Recipe),
+) -> Report {
     let k = kernel::open(kernel_name).unwrap();
     let mut report = Report {
         report_version: REPORT_VERSION,
@@ -58,10 +64,18 @@ pub fn campaign_with(kernel_name: &str, profile: &str, seeds: &[u64], shard: Opt
         profile: profile.into(),
         seed: 42,
         shard,
-        kernels: vec![KernelInfo { name: kernel_name.into(), version: k.version().into(), planted_bug: kernel_name.contains("bug"), capabilities: serde_json::json!({}) }],
+        kernels: vec![KernelInfo {
+            name: kernel_name.into(),
+            version: k.version(),
+            planted_bug: kernel_name.contains("bug"),
+            capabilities: serde_json::json!({}),
+        }],
         ..Default::default()
     };
-    let stats = report.per_kernel.entry(kernel_name.to_string()).or_default();
+    let stats = report
+        .per_kernel
+        .entry(kernel_name.to_string())
+        .or_default();
     for &seed in seeds {
         // Data in a format the kernel declares (fnuz-as-fn only takes e4m3fnuz).
         let mut r = recipe_for(seed);
@@ -71,8 +85,21 @@ pub fn campaign_with(kernel_name: &str, profile: &str, seeds: &[u64], shard: Opt
         }
         let case = r.materialize();
         report.counts.cases_generated += 1;
-        *report.coverage.axes.entry("block_size".into()).or_default().entry(case.shape.block_size.to_string()).or_default() += 1;
-        *report.coverage.combos.entry(format!("bs={},n={}", case.shape.block_size, case.shape.next_n)).or_default() += 1;
+        *report
+            .coverage
+            .axes
+            .entry("block_size".into())
+            .or_default()
+            .entry(case.shape.block_size.to_string())
+            .or_default() += 1;
+        *report
+            .coverage
+            .combos
+            .entry(format!(
+                "bs={},n={}",
+                case.shape.block_size, case.shape.next_n
+            ))
+            .or_default() += 1;
         let mut refs = ReferenceCache::new(&case);
         let judged = run_and_judge(k.as_ref(), &case, &mut refs, &OracleConfig::default());
         let v = judged.verdict;
@@ -97,8 +124,19 @@ pub fn campaign_with(kernel_name: &str, profile: &str, seeds: &[u64], shard: Opt
             *stats.class_totals.entry(*c).or_default() += 1;
         }
         let class = v.primary_class().unwrap();
-        let signature = format!("{kernel_name}/{}", v.classes.keys().map(|c| c.name()).collect::<Vec<_>>().join("+"));
-        if let Some(f) = report.findings.iter_mut().find(|f| f.signature == signature) {
+        let signature = format!(
+            "{kernel_name}/{}",
+            v.classes
+                .keys()
+                .map(|c| c.name())
+                .collect::<Vec<_>>()
+                .join("+")
+        );
+        if let Some(f) = report
+            .findings
+            .iter_mut()
+            .find(|f| f.signature == signature)
+        {
             f.occurrences += 1;
             continue;
         }
@@ -111,11 +149,15 @@ pub fn campaign_with(kernel_name: &str, profile: &str, seeds: &[u64], shard: Opt
             class: Some(class),
             classes: v.classes.clone(),
             case_file: Some(format!("corpus/{kernel_name}-{seed}.json")),
-            replay_command: format!("mqa-fuzz replay corpus/{kernel_name}-{seed}.json --kernel {kernel_name}"),
+            replay_command: format!(
+                "mqa-fuzz replay corpus/{kernel_name}-{seed}.json --kernel {kernel_name}"
+            ),
             seed: Some(seed),
             shrunk: false,
             rows: case.rows(),
-            tokens: (0..case.shape.batch).map(|b| case.seq_tokens(b) as u64).sum(),
+            tokens: (0..case.shape.batch)
+                .map(|b| case.seq_tokens(b) as u64)
+                .sum(),
             occurrences: 1,
             picture: Some(class_map(&case, reference, k.capabilities(), &out)),
             error_histogram: error_histogram(&case, reference, k.capabilities(), &out),
