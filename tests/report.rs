@@ -477,3 +477,53 @@ fn report_subcommand_rerenders_from_report_json() {
     assert!(dir.path().join(picture_files(0).0).is_file());
     assert!(String::from_utf8_lossy(&o.stdout).contains("guard NEEDED"));
 }
+
+/// Cost of the pictures on a realistic decode batch (run with
+/// `cargo test --release --test report -- --ignored --nocapture picture_cost`).
+#[test]
+#[ignore]
+fn picture_cost() {
+    use mqa_fuzz::harness::{run_and_judge, ReferenceCache};
+    let mut r = support::recipe(vec![16384, 9000, 12000, 16000], 2, 9);
+    r.heads = 64;
+    r.head_dim = 128;
+    r.block_size = 64;
+    let case = r.materialize();
+    let k = mqa_fuzz::kernel::open("cpu:bug-tail-unwritten").unwrap();
+    let mut refs = ReferenceCache::new(&case);
+    let t = std::time::Instant::now();
+    let j = run_and_judge(k.as_ref(), &case, &mut refs, &Default::default());
+    let judge = t.elapsed();
+    let out = j.output.unwrap();
+    let reference = refs.get(k.capabilities().scale_placement);
+    let t = std::time::Instant::now();
+    let map = class_map(&case, reference, k.capabilities(), &out);
+    let map_time = t.elapsed();
+    let t = std::time::Instant::now();
+    let hist = error_histogram(&case, reference, k.capabilities(), &out);
+    let hist_time = t.elapsed();
+    let report = Report {
+        report_version: REPORT_VERSION,
+        findings: vec![Finding { signature: "x".into(), picture: Some(map.clone()), error_histogram: hist.clone(), verdict: j.verdict.clone(), ..Default::default() }],
+        ..Default::default()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let t = std::time::Instant::now();
+    write_all(dir.path(), &report).unwrap();
+    let write_time = t.elapsed();
+    let t = std::time::Instant::now();
+    load(dir.path()).unwrap();
+    let load_time = t.elapsed();
+    let html = std::fs::metadata(dir.path().join("index.html")).unwrap().len();
+    let json = std::fs::metadata(dir.path().join("report.json")).unwrap().len();
+    eprintln!(
+        "rows {} cols {} logits {}: run+judge {judge:?}; class_map {map_time:?} ({}x{} cells, {}x{} per cell); histogram {hist_time:?}; write_all {write_time:?} (index.html {html} B, report.json {json} B); load {load_time:?}",
+        case.rows(),
+        case.max_model_len,
+        j.verdict.metrics.checked,
+        map.cells.len(),
+        map.cells[0].len(),
+        map.rows_per_cell,
+        map.cols_per_cell
+    );
+}
