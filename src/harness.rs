@@ -62,6 +62,8 @@ pub struct Judged {
     pub verdict: Verdict,
     pub output: Option<OutputBuffer>,
     pub wall: Duration,
+    /// Set when the environment broke (driver gone, adapter missing): stop, exit 3.
+    pub environment_error: Option<String>,
 }
 
 /// Runs `case` on `kernel` and judges the result.
@@ -70,7 +72,7 @@ pub fn run_and_judge(kernel: &dyn Kernel, case: &Case, refs: &mut ReferenceCache
     let start = Instant::now();
     if let Some(why) = caps.rejects(case) {
         let verdict = Verdict { skipped: Some(why), ..Default::default() };
-        return Judged { verdict, output: None, wall: start.elapsed() };
+        return Judged { verdict, output: None, wall: start.elapsed(), environment_error: None };
     }
     let mut out = OutputBuffer::for_case(case);
     let result = kernel.run(case, &mut out);
@@ -80,13 +82,12 @@ pub fn run_and_judge(kernel: &dyn Kernel, case: &Case, refs: &mut ReferenceCache
         Ok(info) => oracle::judge(case, reference, caps, Ok((info, &out)), cfg),
         Err(e) => oracle::judge(case, reference, caps, Err(e), cfg),
     };
+    let environment_error = match &result {
+        Err(crate::kernel::RunError::Environment(m)) => Some(m.clone()),
+        _ => None,
+    };
     let output = matches!(result, Ok(_)).then_some(out);
-    Judged { verdict, output, wall }
-}
-
-/// Whether a run error should stop everything (environment) rather than be judged.
-pub fn is_environment(v: &Verdict) -> bool {
-    v.skipped.is_some() && v.classes.is_empty()
+    Judged { verdict, output, wall, environment_error }
 }
 
 /// Compares two kernels' outputs over V(r): elements where they differ by more than

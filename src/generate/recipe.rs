@@ -225,7 +225,9 @@ impl Recipe {
             LensRecipe::PerToken(v) => ContextLens::PerToken(v.iter().map(|r| r.iter().map(|&x| x as i64).collect()).collect()),
         };
         let mut rows = shape.rows();
-        let out_row_stride = max_model_len + self.out_stride_pad;
+        // The output-offset axis: a row stride of 2^20 floats (max_model_len = 1<<20 in
+        // AITER #4244) so a few hundred rows pass 2^31 bytes.
+        let out_row_stride = if self.big_output { (max_model_len + self.out_stride_pad).max(1 << 20) } else { max_model_len + self.out_stride_pad };
         let mut context_lens = context_lens;
         let mut entries = entries;
         let mut shape = shape;
@@ -234,16 +236,19 @@ impl Recipe {
             let row_bytes = out_row_stride as u64 * 4;
             let need_rows = ((1u64 << 31) / row_bytes + 1) as usize;
             let need_rows = need_rows.div_ceil(self.next_n) * self.next_n;
-            while rows < need_rows {
-                shape.batch += 1;
-                rows += self.next_n;
-                match &mut context_lens {
-                    ContextLens::PerSequence(v) => v.insert(0, 0),
-                    ContextLens::PerToken(v) => v.insert(0, vec![0; self.next_n]),
+            let extra_seqs = need_rows.saturating_sub(rows) / self.next_n;
+            shape.batch += extra_seqs;
+            rows += extra_seqs * self.next_n;
+            match &mut context_lens {
+                ContextLens::PerSequence(v) => {
+                    v.splice(0..0, std::iter::repeat_n(0, extra_seqs));
                 }
-                let pad: Vec<i64> = (0..row_stride).map(|_| pad_value(&mut rng)).collect();
-                entries.splice(0..0, pad);
+                ContextLens::PerToken(v) => {
+                    v.splice(0..0, std::iter::repeat_n(vec![0; self.next_n], extra_seqs));
+                }
             }
+            let pad: Vec<i64> = (0..extra_seqs * row_stride).map(|_| pad_value(&mut rng)).collect();
+            entries.splice(0..0, pad);
         }
         let values = Values::draw(&shape, self.values, &mut rng, n_logical);
         let mut kv = SparseKvCache::default();
