@@ -504,7 +504,13 @@ fn picture_cost() {
     let hist_time = t.elapsed();
     let report = Report {
         report_version: REPORT_VERSION,
-        findings: vec![Finding { signature: "x".into(), picture: Some(map.clone()), error_histogram: hist.clone(), verdict: j.verdict.clone(), ..Default::default() }],
+        findings: vec![Finding {
+            signature: "x".into(),
+            picture: Some(map.clone()),
+            error_histogram: hist.clone(),
+            verdict: j.verdict.clone(),
+            ..Default::default()
+        }],
         ..Default::default()
     };
     let dir = tempfile::tempdir().unwrap();
@@ -514,8 +520,12 @@ fn picture_cost() {
     let t = std::time::Instant::now();
     load(dir.path()).unwrap();
     let load_time = t.elapsed();
-    let html = std::fs::metadata(dir.path().join("index.html")).unwrap().len();
-    let json = std::fs::metadata(dir.path().join("report.json")).unwrap().len();
+    let html = std::fs::metadata(dir.path().join("index.html"))
+        .unwrap()
+        .len();
+    let json = std::fs::metadata(dir.path().join("report.json"))
+        .unwrap()
+        .len();
     eprintln!(
         "rows {} cols {} logits {}: run+judge {judge:?}; class_map {map_time:?} ({}x{} cells, {}x{} per cell); histogram {hist_time:?}; write_all {write_time:?} (index.html {html} B, report.json {json} B); load {load_time:?}",
         case.rows(),

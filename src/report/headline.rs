@@ -51,6 +51,15 @@ pub fn kernel_headline(name: &str, k: &KernelStats) -> String {
             g.cases,
             percent(3.0 / g.cases as f64)
         ));
+    } else if g.nan + g.pos_inf + g.neg_inf == 0 {
+        // Cases counted as not redundant without a single NaN/inf element: they had no
+        // output to judge (a crash counted by the campaign). Say so instead of "NEEDED".
+        s.push_str(&format!(
+            "guard redundant on {}/{} cases; the other {} had no output to judge (crash)",
+            group(g.redundant_cases),
+            group(g.cases),
+            plural(g.cases - g.redundant_cases, "case", "cases")
+        ));
     } else {
         let bad = g.cases - g.redundant_cases;
         s.push_str(&format!(
@@ -69,10 +78,10 @@ pub fn kernel_headline(name: &str, k: &KernelStats) -> String {
         let classes: Vec<String> = k
             .class_totals
             .iter()
-            .map(|(c, n)| format!("{c} in {}", plural(*n, "case", "cases")))
+            .map(|(c, n)| format!("{c} {}", group(*n)))
             .collect();
         s.push_str(&format!(
-            "; findings in {}: {}",
+            "; findings in {} ({})",
             plural(k.with_findings, "case", "cases"),
             classes.join(", ")
         ));
@@ -105,4 +114,42 @@ pub fn headline(report: &Report) -> String {
         }
     }
     lines.join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::GuardSummary;
+
+    #[test]
+    fn crashes_are_not_called_guard_needed() {
+        let k = KernelStats {
+            cases: 5,
+            guard: GuardSummary {
+                cases: 5,
+                redundant_cases: 4,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let h = kernel_headline("k", &k);
+        assert!(
+            h.contains("4/5 cases; the other 1 case had no output"),
+            "{h}"
+        );
+        let k = KernelStats {
+            guard: GuardSummary {
+                cases: 5,
+                redundant_cases: 4,
+                pos_inf: 2,
+                rows_affected: 1,
+                ..Default::default()
+            },
+            ..k
+        };
+        assert!(kernel_headline("k", &k).starts_with(
+            "k: guard NEEDED on 1/5 cases: it changes 2 elements in 1 row (nan 0, +inf 2, -inf 0)"
+        ));
+        assert_eq!(group(1234567), "1,234,567");
+    }
 }

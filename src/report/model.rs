@@ -95,7 +95,8 @@ pub struct KernelStats {
     pub clean: u64,
     pub with_findings: u64,
     pub skipped: u64,
-    /// Per class: the number of cases showing it.
+    /// Per class: the verdicts' counts summed (elements for value classes, 1 per case
+    /// for case-level classes).
     pub class_totals: BTreeMap<Class, u64>,
     pub rows_checked: u64,
     /// Elements of V(r) compared with the reference.

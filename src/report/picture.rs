@@ -251,6 +251,51 @@ impl ClassMap {
     }
 }
 
+/// Fills in the picture and error histogram of every finding that has none, by
+/// replaying its saved case file on its kernel (findings are few and shrunk, so this
+/// costs one small run each). Findings without a loadable case file or an openable
+/// kernel (e.g. `a vs b` divergences) are left as they are; the returned lines say why.
+pub fn fill_pictures(
+    report: &mut super::Report,
+    oracle: &crate::oracle::OracleConfig,
+) -> Vec<String> {
+    let mut notes = Vec::new();
+    for f in report.findings.iter_mut().filter(|f| f.picture.is_none()) {
+        let Some(path) = f.case_file.clone() else {
+            continue;
+        };
+        let file = match crate::case::load_case_file(std::path::Path::new(&path)) {
+            Ok(file) => file,
+            Err(e) => {
+                notes.push(format!("no picture for {}: {e}", f.signature));
+                continue;
+            }
+        };
+        let Ok(kernel) = crate::kernel::open(&f.kernel) else {
+            notes.push(format!(
+                "no picture for {}: kernel {} cannot be opened here",
+                f.signature, f.kernel
+            ));
+            continue;
+        };
+        let mut refs = crate::harness::ReferenceCache::new(&file.case);
+        let judged = crate::harness::run_and_judge(kernel.as_ref(), &file.case, &mut refs, oracle);
+        let Some(out) = judged.output else {
+            notes.push(format!(
+                "no picture for {}: the replay produced no output ({})",
+                f.signature,
+                crate::cli::verdict_line(&judged.verdict)
+            ));
+            continue;
+        };
+        let caps = kernel.capabilities();
+        let reference = refs.get(caps.scale_placement);
+        f.picture = Some(class_map(&file.case, reference, caps, &out));
+        f.error_histogram = error_histogram(&file.case, reference, caps, &out);
+    }
+    notes
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

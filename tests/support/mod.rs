@@ -120,8 +120,8 @@ pub fn campaign_with(
             continue;
         }
         stats.with_findings += 1;
-        for c in v.classes.keys() {
-            *stats.class_totals.entry(*c).or_default() += 1;
+        for (c, n) in &v.classes {
+            *stats.class_totals.entry(*c).or_default() += n;
         }
         let class = v.primary_class().unwrap();
         let signature = format!(
