@@ -310,16 +310,11 @@ pub fn parse_shard(s: &str) -> Result<Shard, String> {
     Ok(Shard { index, count })
 }
 
-/// Shard from a Slurm job array or a Kubernetes indexed Job, when present.
+/// Shard from a Slurm job array or a Kubernetes indexed Job, when present (see
+/// [`crate::report::shard_from_env`]: Slurm arrays not starting at 0 or with a step,
+/// and an index without its count, are handled there).
 pub fn shard_from_env() -> Result<Option<Shard>, Fatal> {
-    for (iv, nv) in [("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT"), ("JOB_COMPLETION_INDEX", "JOB_COMPLETIONS")] {
-        if let (Ok(i), Ok(n)) = (std::env::var(iv), std::env::var(nv)) {
-            return parse_shard(&format!("{i}/{n}"))
-                .map(Some)
-                .map_err(|e| Fatal::usage(format!("environment {iv}/{nv}: {e}")));
-        }
-    }
-    Ok(None)
+    crate::report::shard_from_env()
 }
 
 fn cmd_run(args: RunArgs) -> Result<i32, Fatal> {
