@@ -89,12 +89,15 @@ pub fn class_map_svg(map: &ClassMap, title: &str) -> String {
         top + 10,
         map.row_start
     );
-    let _ = write!(
-        s,
-        "<text x=\"{}\" y=\"{}\" {FONT} text-anchor=\"end\">row {row_last}</text>",
-        left - 4,
-        top + ph
-    );
+    // One label when the window is a single cell row tall (they would overlap).
+    if ph >= 2 * 12 && row_last > map.row_start {
+        let _ = write!(
+            s,
+            "<text x=\"{}\" y=\"{}\" {FONT} text-anchor=\"end\">row {row_last}</text>",
+            left - 4,
+            top + ph
+        );
+    }
     let _ = write!(
         s,
         "<text x=\"{left}\" y=\"{}\" {FONT}>pos {}</text>",
