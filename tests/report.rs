@@ -537,3 +537,51 @@ fn picture_cost() {
         map.cols_per_cell
     );
 }
+
+#[test]
+fn big_cases_aggregate_cells_keeping_the_worst_class() {
+    use mqa_fuzz::harness::{run_and_judge, ReferenceCache};
+    use mqa_fuzz::report::picture::{MAX_CELL_COLS, MAX_CELL_ROWS};
+    // 150 sequences × next_n 2 = 300 rows, rows up to 1,500 positions: more than one
+    // row and position per cell.
+    let lens: Vec<usize> = (0..150).map(|b| 300 + (b * 97) % 1200).collect();
+    let case = support::recipe(lens, 2, 3).materialize();
+    let k = mqa_fuzz::kernel::open("cpu:bug-tail-unwritten").unwrap();
+    let mut refs = ReferenceCache::new(&case);
+    let j = run_and_judge(k.as_ref(), &case, &mut refs, &Default::default());
+    let map = class_map(
+        &case,
+        refs.get(k.capabilities().scale_placement),
+        k.capabilities(),
+        j.output.as_ref().unwrap(),
+    );
+    assert!(
+        map.rows_per_cell > 1 && map.cols_per_cell > 1,
+        "{} x {}",
+        map.rows_per_cell,
+        map.cols_per_cell
+    );
+    assert!(
+        map.cells.len() <= MAX_CELL_ROWS
+            && map.cells.iter().all(|l| l.chars().count() <= MAX_CELL_COLS)
+    );
+    // Unwritten elements are rarer than ok ones, yet every cell row that covers one shows it.
+    let unwritten_rows: std::collections::BTreeSet<usize> = j
+        .verdict
+        .examples
+        .iter()
+        .filter_map(|e| e.row)
+        .map(|r| (r - map.row_start) / map.rows_per_cell)
+        .collect();
+    for cr in unwritten_rows {
+        assert!(
+            map.cells[cr].contains('u'),
+            "cell row {cr}: {}",
+            map.cells[cr]
+        );
+    }
+    assert_eq!(
+        map.counts["unwritten"],
+        j.verdict.classes[&Class::Unwritten]
+    );
+}
