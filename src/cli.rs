@@ -1,17 +1,17 @@
 //! Command line (clap derive). Each subcommand parses here and runs in its module;
 //! errors come back as [`Fatal`] and are rendered once in `main`.
 
+use crate::campaign;
 use crate::case::{load_case_file, CaseFile};
 use crate::error::{exit, Fatal};
+use crate::generate::Profile;
 use crate::harness::{self, ReferenceCache};
 use crate::kernel;
 use crate::oracle::{OracleConfig, Verdict};
-use crate::campaign;
-use crate::generate::Profile;
 use crate::report::Shard;
 use clap::{Parser, Subcommand};
-use std::time::Duration;
 use std::path::PathBuf;
+use std::time::Duration;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -100,12 +100,30 @@ pub enum Command {
 pub fn dispatch(cli: Cli) -> Result<i32, Fatal> {
     match cli.command {
         Command::Run(args) => cmd_run(args),
-        Command::Selftest { backend, budget, seeds, only, json } => {
+        Command::Selftest {
+            backend,
+            budget,
+            seeds,
+            only,
+            json,
+        } => {
             crate::campaign::interrupt::install();
-            crate::selftest::run(&crate::selftest::Options { backend, budget, seeds, json, only, workdir: None })
+            crate::selftest::run(&crate::selftest::Options {
+                backend,
+                budget,
+                seeds,
+                json,
+                only,
+                workdir: None,
+            })
         }
         Command::Kernels { json } => cmd_kernels(json),
-        Command::Replay { files, kernel, topk, json } => cmd_replay(&files, kernel.as_deref(), topk, json),
+        Command::Replay {
+            files,
+            kernel,
+            topk,
+            json,
+        } => cmd_replay(&files, kernel.as_deref(), topk, json),
         Command::Report { dir } => crate::report::cli::cmd_report(&dir),
         Command::Merge { dirs, out } => crate::report::cli::cmd_merge(&dirs, &out),
         Command::Diff { base, cand, json } => crate::report::cli::cmd_diff(&base, &cand, json),
@@ -136,7 +154,12 @@ fn cmd_kernels(json: bool) -> Result<i32, Fatal> {
             Ok(()) => "available".to_string(),
             Err(why) => format!("unavailable: {why}"),
         };
-        println!("{:width$}  {:<11}  {}", e.name, if e.planted_bug { "planted bug" } else { "" }, status);
+        println!(
+            "{:width$}  {:<11}  {}",
+            e.name,
+            if e.planted_bug { "planted bug" } else { "" },
+            status
+        );
         println!("{:width$}  {:<11}  {}", "", "", e.description);
     }
     Ok(exit::CLEAN)
@@ -154,7 +177,11 @@ pub fn verdict_line(v: &Verdict) -> String {
             v.metrics.checked,
             v.metrics.max_err_over_bound,
             v.metrics.calc_diff,
-            if v.guard.redundant { "redundant" } else { "NEEDED" }
+            if v.guard.redundant {
+                "redundant"
+            } else {
+                "NEEDED"
+            }
         );
     }
     let classes: Vec<String> = v.classes.iter().map(|(c, n)| format!("{c} x{n}")).collect();
@@ -177,13 +204,21 @@ pub fn verdict_line(v: &Verdict) -> String {
     s
 }
 
-fn cmd_replay(files: &[PathBuf], kernel_name: Option<&str>, topk: usize, json: bool) -> Result<i32, Fatal> {
+fn cmd_replay(
+    files: &[PathBuf],
+    kernel_name: Option<&str>,
+    topk: usize,
+    json: bool,
+) -> Result<i32, Fatal> {
     // Load everything first: bad input is reported before any work is done.
     let cases: Vec<(PathBuf, CaseFile)> = files
         .iter()
         .map(|f| load_case_file(f).map(|c| (f.clone(), c)))
         .collect::<Result<_, _>>()?;
-    let cfg = OracleConfig { topk, ..Default::default() };
+    let cfg = OracleConfig {
+        topk,
+        ..Default::default()
+    };
     let mut any_finding = false;
     let mut out = Vec::new();
     for (path, file) in &cases {
@@ -220,7 +255,11 @@ fn cmd_replay(files: &[PathBuf], kernel_name: Option<&str>, topk: usize, json: b
     if json {
         println!("{}", serde_json::to_string_pretty(&out).unwrap());
     }
-    Ok(if any_finding { exit::FINDINGS } else { exit::CLEAN })
+    Ok(if any_finding {
+        exit::FINDINGS
+    } else {
+        exit::CLEAN
+    })
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -277,15 +316,21 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         Some(i) => (&s[..i], &s[i..]),
         None => (s, "s"),
     };
-    let x: f64 = num.parse().map_err(|_| format!("{s:?} is not a duration like 90s, 10m or 1h"))?;
+    let x: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration like 90s, 10m or 1h"))?;
     let secs = match unit {
         "ms" => x / 1000.0,
         "s" | "sec" => x,
         "m" | "min" => x * 60.0,
         "h" => x * 3600.0,
-        _ => return Err(format!("unknown unit {unit:?} in {s:?} (use ms, s, m or h)")),
+        _ => {
+            return Err(format!(
+                "unknown unit {unit:?} in {s:?} (use ms, s, m or h)"
+            ))
+        }
     };
-    if !secs.is_finite() || secs < 0.0 || secs > 1e9 {
+    if !secs.is_finite() || !(0.0..=1e9).contains(&secs) {
         return Err(format!("{s:?} is out of range"));
     }
     Ok(Duration::from_secs_f64(secs))
@@ -301,9 +346,17 @@ fn parse_seed(s: &str) -> Result<u64, String> {
 
 /// Parses `I/N` with 0 <= I < N.
 pub fn parse_shard(s: &str) -> Result<Shard, String> {
-    let (i, n) = s.split_once('/').ok_or_else(|| format!("{s:?} is not a shard like 0/4"))?;
-    let index: u32 = i.trim().parse().map_err(|_| format!("shard index {i:?} is not a number"))?;
-    let count: u32 = n.trim().parse().map_err(|_| format!("shard count {n:?} is not a number"))?;
+    let (i, n) = s
+        .split_once('/')
+        .ok_or_else(|| format!("{s:?} is not a shard like 0/4"))?;
+    let index: u32 = i
+        .trim()
+        .parse()
+        .map_err(|_| format!("shard index {i:?} is not a number"))?;
+    let count: u32 = n
+        .trim()
+        .parse()
+        .map_err(|_| format!("shard count {n:?} is not a number"))?;
     if count == 0 || index >= count {
         return Err(format!("shard {s:?}: need 0 <= index < count"));
     }
@@ -326,7 +379,9 @@ fn cmd_run(args: RunArgs) -> Result<i32, Fatal> {
         args.kernels.clone()
     };
     let seed = args.seed.unwrap_or_else(|| {
-        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
         (t.as_nanos() as u64) ^ ((std::process::id() as u64) << 32)
     });
     let shard = match args.shard {
@@ -361,7 +416,9 @@ fn cmd_run(args: RunArgs) -> Result<i32, Fatal> {
     cfg.oracle.topk = args.topk;
     cfg.quiet = args.quiet;
     cfg.command_line = std::env::args().collect::<Vec<_>>().join(" ");
-    let shard_txt = shard.map(|s| format!(", shard {}/{}", s.index, s.count)).unwrap_or_default();
+    let shard_txt = shard
+        .map(|s| format!(", shard {}/{}", s.index, s.count))
+        .unwrap_or_default();
     eprintln!(
         "mqa-fuzz: campaign seed {seed:#x}, profile {}{shard_txt}, kernels {}; report in {}",
         args.profile.name(),
@@ -403,7 +460,10 @@ fn print_summary(r: &crate::report::Report, dir: &std::path::Path) {
                 g.neg_inf
             )
         };
-        println!("{name}: {} clean, {} with findings, {} skipped; {guard}", st.clean, st.with_findings, st.skipped);
+        println!(
+            "{name}: {} clean, {} with findings, {} skipped; {guard}",
+            st.clean, st.with_findings, st.skipped
+        );
     }
     for f in &r.findings {
         println!(
@@ -412,7 +472,11 @@ fn print_summary(r: &crate::report::Report, dir: &std::path::Path) {
             f.class.map(|c| c.name()).unwrap_or("?"),
             f.occurrences,
             f.case_file.as_deref().unwrap_or("(not saved)"),
-            if f.replay_command.is_empty() { String::new() } else { format!("\n  replay: {}", f.replay_command) }
+            if f.replay_command.is_empty() {
+                String::new()
+            } else {
+                format!("\n  replay: {}", f.replay_command)
+            }
         );
     }
     println!("report: {}", dir.display());

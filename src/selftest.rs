@@ -87,7 +87,10 @@ fn median(v: &mut [f64]) -> f64 {
 
 pub fn run(opt: &Options) -> Result<i32, Fatal> {
     let entries = kernel::registry();
-    let chosen = |name: &str| opt.backend.prefixes().iter().any(|p| name.starts_with(p)) && (opt.only.is_empty() || opt.only.iter().any(|o| name.contains(o.as_str())));
+    let chosen = |name: &str| {
+        opt.backend.prefixes().iter().any(|p| name.starts_with(p))
+            && (opt.only.is_empty() || opt.only.iter().any(|o| name.contains(o.as_str())))
+    };
     let mut unavailable = Vec::new();
     let mut bugs = Vec::new();
     let mut clean = Vec::new();
@@ -99,7 +102,11 @@ pub fn run(opt: &Options) -> Result<i32, Fatal> {
         }
     }
     if bugs.is_empty() && clean.is_empty() {
-        return Err(Fatal::environment(format!("no kernel of backend {:?} can run here: {}", opt.backend, unavailable.join("; "))));
+        return Err(Fatal::environment(format!(
+            "no kernel of backend {:?} can run here: {}",
+            opt.backend,
+            unavailable.join("; ")
+        )));
     }
     let work = match &opt.workdir {
         Some(d) => d.clone(),
@@ -132,7 +139,9 @@ pub fn run(opt: &Options) -> Result<i32, Fatal> {
             let out = campaign::run(&cfg)?;
             let det = out.detections.first();
             let f = out.report.findings.first();
-            let case = f.and_then(|f| f.case_file.as_ref()).and_then(|p| load_case_file(std::path::Path::new(p)).ok());
+            let case = f
+                .and_then(|f| f.case_file.as_ref())
+                .and_then(|p| load_case_file(std::path::Path::new(p)).ok());
             let replay = case.as_ref().zip(f).map(|(c, f)| {
                 let k = kernel::open(name).expect("opened above");
                 let v = harness::judge_once(k.as_ref(), &c.case);
@@ -149,8 +158,17 @@ pub fn run(opt: &Options) -> Result<i32, Fatal> {
                 secs_to_detect: det.map(|d| d.secs),
                 class: f.and_then(|f| f.class).map(|c| c.name().to_string()),
                 shrunk_rows: case.as_ref().map(|c| c.case.rows()),
-                shrunk_tokens: case.as_ref().map(|c| (0..c.case.shape.batch).map(|b| c.case.seq_tokens(b) as u64).sum()),
-                shrunk_blocks: case.as_ref().map(|c| (0..c.case.shape.batch).map(|b| c.case.blocks_used(b)).max().unwrap_or(0)),
+                shrunk_tokens: case.as_ref().map(|c| {
+                    (0..c.case.shape.batch)
+                        .map(|b| c.case.seq_tokens(b) as u64)
+                        .sum()
+                }),
+                shrunk_blocks: case.as_ref().map(|c| {
+                    (0..c.case.shape.batch)
+                        .map(|b| c.case.blocks_used(b))
+                        .max()
+                        .unwrap_or(0)
+                }),
                 case_file: f.and_then(|f| f.case_file.clone()),
                 replay_reproduces: replay,
             };
@@ -160,7 +178,9 @@ pub fn run(opt: &Options) -> Result<i32, Fatal> {
             }
             report.bugs.push(run);
         }
-        report.median_secs_to_detect.insert(name.clone(), median(&mut times));
+        report
+            .median_secs_to_detect
+            .insert(name.clone(), median(&mut times));
     }
     for name in &clean {
         if campaign::interrupt::requested() {
@@ -179,11 +199,23 @@ pub fn run(opt: &Options) -> Result<i32, Fatal> {
             cases: out.report.counts.cases_generated,
             secs: out.report.timings.wall_secs,
             findings: out.report.findings.len(),
-            signatures: out.report.findings.iter().map(|f| f.signature.clone()).collect(),
+            signatures: out
+                .report
+                .findings
+                .iter()
+                .map(|f| f.signature.clone())
+                .collect(),
         };
         report.passed &= run.findings == 0;
         if !opt.json {
-            println!("clean {:<28} {:>6} cases in {:>5.1}s: {} finding(s) {}", run.kernel, run.cases, run.secs, run.findings, run.signatures.join(", "));
+            println!(
+                "clean {:<28} {:>6} cases in {:>5.1}s: {} finding(s) {}",
+                run.kernel,
+                run.cases,
+                run.secs,
+                run.findings,
+                run.signatures.join(", ")
+            );
         }
         report.clean.push(run);
     }
@@ -194,9 +226,19 @@ pub fn run(opt: &Options) -> Result<i32, Fatal> {
         }
         let detected = planted
             .iter()
-            .filter(|b| report.bugs.iter().filter(|r| r.kernel == ***b).all(|r| r.detected) && report.bugs.iter().any(|r| r.kernel == ***b))
+            .filter(|b| {
+                report
+                    .bugs
+                    .iter()
+                    .filter(|r| r.kernel == ***b)
+                    .all(|r| r.detected)
+                    && report.bugs.iter().any(|r| r.kernel == ***b)
+            })
             .count();
-        report.mutation_score.insert(prefix.trim_end_matches(':').to_string(), (detected, planted.len()));
+        report.mutation_score.insert(
+            prefix.trim_end_matches(':').to_string(),
+            (detected, planted.len()),
+        );
     }
     if opt.json {
         println!("{}", serde_json::to_string_pretty(&report).unwrap());
@@ -207,10 +249,17 @@ pub fn run(opt: &Options) -> Result<i32, Fatal> {
         for u in &unavailable {
             println!("skipped (unavailable): {u}");
         }
-        println!("selftest {}", if report.passed { "PASSED" } else { "FAILED" });
+        println!(
+            "selftest {}",
+            if report.passed { "PASSED" } else { "FAILED" }
+        );
     }
     let _ = std::fs::remove_dir_all(&work);
-    Ok(if report.passed { exit::CLEAN } else { exit::FINDINGS })
+    Ok(if report.passed {
+        exit::CLEAN
+    } else {
+        exit::FINDINGS
+    })
 }
 
 fn print_bug_line(r: &BugRun) {

@@ -11,7 +11,13 @@ use std::path::{Path, PathBuf};
 /// Shape, format and layout are left out on purpose: shrinking drives them to their
 /// simplest values, and one bug must give one corpus file, not one per layout.
 pub fn fingerprint(case: &Case) -> String {
-    let max_off = case.kv.blocks.keys().max().map(|&id| id * case.kv_block_stride).unwrap_or(0);
+    let max_off = case
+        .kv
+        .blocks
+        .keys()
+        .max()
+        .map(|&id| id * case.kv_block_stride)
+        .unwrap_or(0);
     let offsets = if max_off >= 1 << 32 {
         "kv>4g"
     } else if max_off >= 1 << 31 {
@@ -19,7 +25,14 @@ pub fn fingerprint(case: &Case) -> String {
     } else {
         "kv-low"
     };
-    format!("{offsets}/{}", if case.output_bytes() > 1 << 31 { "out>2g" } else { "out-low" })
+    format!(
+        "{offsets}/{}",
+        if case.output_bytes() > 1 << 31 {
+            "out>2g"
+        } else {
+            "out-low"
+        }
+    )
 }
 
 pub fn signature(kernel: &str, class: Class, case: &Case) -> String {
@@ -40,25 +53,45 @@ pub fn short_hash(s: &str) -> String {
 pub fn path_for(dir: &Path, kernel: &str, class: Class, signature: &str) -> PathBuf {
     let k: String = kernel
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
         .take(48)
         .collect();
-    dir.join(format!("{k}__{}__{}.json", class.name(), short_hash(signature)))
+    dir.join(format!(
+        "{k}__{}__{}.json",
+        class.name(),
+        short_hash(signature)
+    ))
 }
 
 /// Every `*.json` case in the directory, sorted by name (a missing directory is empty).
 pub fn list(dir: &Path) -> Vec<PathBuf> {
-    let Ok(rd) = std::fs::read_dir(dir) else { return Vec::new() };
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
     let mut v: Vec<PathBuf> = rd
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|e| e == "json") && !p.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.')))
+        .filter(|p| {
+            p.extension().is_some_and(|e| e == "json")
+                && !p
+                    .file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with('.'))
+        })
         .collect();
     v.sort();
     v
 }
 
 pub fn load_all(dir: &Path) -> Result<Vec<(PathBuf, CaseFile)>, CaseFileError> {
-    list(dir).into_iter().map(|p| load_case_file(&p).map(|c| (p, c))).collect()
+    list(dir)
+        .into_iter()
+        .map(|p| load_case_file(&p).map(|c| (p, c)))
+        .collect()
 }
 
 pub fn save(path: &Path, file: &CaseFile) -> std::io::Result<()> {

@@ -8,7 +8,6 @@ use crate::generate::{OffsetClass, Recipe, TableOrder};
 use crate::kernel::Capabilities;
 use crate::report::Coverage;
 
-
 fn bs_class(bs: usize) -> &'static str {
     match bs {
         1 => "1",
@@ -57,7 +56,18 @@ pub fn expected(caps: &[&Capabilities], profile: crate::generate::Profile) -> Co
     }
     put(
         "length_class",
-        &["zero_leading", "zero_middle", "zero_trailing", "all_zero_batch32", "one", "below_next_n", "block_edge", "chunk_edge", "eq_max_model_len", "long"],
+        &[
+            "zero_leading",
+            "zero_middle",
+            "zero_trailing",
+            "all_zero_batch32",
+            "one",
+            "below_next_n",
+            "block_edge",
+            "chunk_edge",
+            "eq_max_model_len",
+            "long",
+        ],
     );
     if production {
         put("table_order", &["sequential", "permuted", "shared_prefix"]);
@@ -65,9 +75,15 @@ pub fn expected(caps: &[&Capabilities], profile: crate::generate::Profile) -> Co
         put("kv_offsets", &["low"]);
         put("values", &["pipeline"]);
     } else {
-        put("table_order", &["sequential", "permuted", "reversed", "shared_prefix"]);
+        put(
+            "table_order",
+            &["sequential", "permuted", "reversed", "shared_prefix"],
+        );
         put("padding", &["zero", "minus_one", "huge", "garbage"]);
-        put("kv_offsets", &["low", "around_2g", "around_4g", "past_2g", "past_4g"]);
+        put(
+            "kv_offsets",
+            &["low", "around_2g", "around_4g", "past_2g", "past_4g"],
+        );
         put("kv_stride", &["tight", "padded"]);
         put("out_offsets", &["below_2g", "past_2g"]);
         put("out_stride", &["tight", "padded"]);
@@ -95,11 +111,20 @@ pub fn expected(caps: &[&Capabilities], profile: crate::generate::Profile) -> Co
         caps.iter().all(|c| v >= c.next_n.0 && v <= c.next_n.1)
     };
     let layout_ok = |l: ValueLayout| caps.iter().all(|c| c.layouts.contains(&l));
-    let offsets: &[&str] = if production { &["low"] } else { &["low", "around_2g", "around_4g"] };
-    for bs in ["1", "16", "64", "256", "other"].into_iter().filter(|b| bs_ok(b)) {
+    let offsets: &[&str] = if production {
+        &["low"]
+    } else {
+        &["low", "around_2g", "around_4g"]
+    };
+    for bs in ["1", "16", "64", "256", "other"]
+        .into_iter()
+        .filter(|b| bs_ok(b))
+    {
         for n in ["1", "2", "3+"].into_iter().filter(|n| n_ok(n)) {
             for layout in ["normal", "shuffle16"] {
-                if layout == "shuffle16" && (bs == "1" || bs == "other" || !layout_ok(ValueLayout::Shuffle16)) {
+                if layout == "shuffle16"
+                    && (bs == "1" || bs == "other" || !layout_ok(ValueLayout::Shuffle16))
+                {
                     continue;
                 }
                 if layout == "normal" && !layout_ok(ValueLayout::Normal) {
@@ -117,14 +142,25 @@ pub fn expected(caps: &[&Capabilities], profile: crate::generate::Profile) -> Co
 /// Counts one generated case.
 pub fn record(cov: &mut Coverage, recipe: &Recipe, case: &Case) {
     let mut hit = |axis: &str, v: &str| {
-        *cov.axes.entry(axis.to_string()).or_default().entry(v.to_string()).or_default() += 1;
+        *cov.axes
+            .entry(axis.to_string())
+            .or_default()
+            .entry(v.to_string())
+            .or_default() += 1;
     };
     let s = &case.shape;
     hit("block_size", bs_class(s.block_size));
     hit("next_n", n_class(s.next_n));
     hit("layout", s.layout.name());
     hit("format", s.format.name());
-    hit("context_lens", if case.context_lens.is_2d() { "2d" } else { "1d" });
+    hit(
+        "context_lens",
+        if case.context_lens.is_2d() {
+            "2d"
+        } else {
+            "1d"
+        },
+    );
     for class in length_classes(case) {
         hit("length_class", class);
     }
@@ -150,16 +186,43 @@ pub fn record(cov: &mut Coverage, recipe: &Recipe, case: &Case) {
         );
     }
     hit("kv_offsets", offset_name(recipe.offsets));
-    let max_off = case.kv.blocks.keys().max().map(|&id| id * case.kv_block_stride).unwrap_or(0);
+    let max_off = case
+        .kv
+        .blocks
+        .keys()
+        .max()
+        .map(|&id| id * case.kv_block_stride)
+        .unwrap_or(0);
     if max_off >= 1 << 31 {
         hit("kv_offsets", "past_2g");
     }
     if max_off >= 1 << 32 {
         hit("kv_offsets", "past_4g");
     }
-    hit("kv_stride", if case.kv_block_stride > s.block_bytes() as u64 { "padded" } else { "tight" });
-    hit("out_offsets", if case.output_bytes() > 1 << 31 { "past_2g" } else { "below_2g" });
-    hit("out_stride", if case.out_row_stride > case.max_model_len { "padded" } else { "tight" });
+    hit(
+        "kv_stride",
+        if case.kv_block_stride > s.block_bytes() as u64 {
+            "padded"
+        } else {
+            "tight"
+        },
+    );
+    hit(
+        "out_offsets",
+        if case.output_bytes() > 1 << 31 {
+            "past_2g"
+        } else {
+            "below_2g"
+        },
+    );
+    hit(
+        "out_stride",
+        if case.out_row_stride > case.max_model_len {
+            "padded"
+        } else {
+            "tight"
+        },
+    );
     hit(
         "values",
         match recipe.values {
@@ -171,9 +234,18 @@ pub fn record(cov: &mut Coverage, recipe: &Recipe, case: &Case) {
             crate::generate::ValueKind::Hostile => "hostile",
         },
     );
-    let layout = if s.layout == ValueLayout::Shuffle16 { "shuffle16" } else { "normal" };
+    let layout = if s.layout == ValueLayout::Shuffle16 {
+        "shuffle16"
+    } else {
+        "normal"
+    };
     *cov.combos
-        .entry(format!("bs={}|n={}|{layout}|{}", bs_class(s.block_size), n_class(s.next_n), offset_name(recipe.offsets)))
+        .entry(format!(
+            "bs={}|n={}|{layout}|{}",
+            bs_class(s.block_size),
+            n_class(s.next_n),
+            offset_name(recipe.offsets)
+        ))
         .or_default() += 1;
 }
 
@@ -183,7 +255,7 @@ pub fn length_classes(case: &Case) -> Vec<&'static str> {
     let seq: Vec<usize> = (0..s.batch).map(|b| case.seq_tokens(b)).collect();
     let mut v = Vec::new();
     let b = seq.len();
-    if seq.iter().all(|&x| x == 0) && b % 32 == 0 {
+    if seq.iter().all(|&x| x == 0) && b.is_multiple_of(32) {
         v.push("all_zero_batch32");
     }
     if seq.first() == Some(&0) && b > 1 {
@@ -203,10 +275,17 @@ pub fn length_classes(case: &Case) -> Vec<&'static str> {
         v.push("below_next_n");
     }
     let bs = s.block_size;
-    if bs > 1 && seq.iter().any(|&x| x + 1 >= bs && matches!(x % bs, 0 | 1) || (x + 1) % bs == 0 && x + 1 >= bs) {
+    if bs > 1
+        && seq
+            .iter()
+            .any(|&x| x + 1 >= bs && (matches!(x % bs, 0 | 1) || (x + 1) % bs == 0))
+    {
         v.push("block_edge");
     }
-    if seq.iter().any(|&x| x >= 255 && matches!(x % 256, 255 | 0 | 1)) {
+    if seq
+        .iter()
+        .any(|&x| x >= 255 && matches!(x % 256, 255 | 0 | 1))
+    {
         v.push("chunk_edge");
     }
     if seq.contains(&case.max_model_len) {
@@ -236,9 +315,17 @@ pub fn missing(cov: &Coverage) -> Vec<String> {
     let mut v: Vec<String> = cov
         .axes
         .iter()
-        .flat_map(|(axis, vals)| vals.iter().filter(|(_, n)| **n == 0).map(move |(k, _)| format!("{axis}={k}")))
+        .flat_map(|(axis, vals)| {
+            vals.iter()
+                .filter(|(_, n)| **n == 0)
+                .map(move |(k, _)| format!("{axis}={k}"))
+        })
         .collect();
-    v.extend(cov.combos.iter().filter(|(_, n)| **n == 0).map(|(k, _)| k.clone()));
+    v.extend(
+        cov.combos
+            .iter()
+            .filter(|(_, n)| **n == 0)
+            .map(|(k, _)| k.clone()),
+    );
     v
 }
-

@@ -16,7 +16,9 @@ use crate::generate::{draw_strategy, Draw, Profile, Recipe};
 use crate::harness::{self, ReferenceCache};
 use crate::kernel::{self, Kernel};
 use crate::oracle::{Class, OracleConfig, Verdict};
-use crate::report::{self, Finding, KernelInfo, KernelStats, Report, Shard, Timings, REPORT_VERSION};
+use crate::report::{
+    self, Finding, KernelInfo, KernelStats, Report, Shard, Timings, REPORT_VERSION,
+};
 use proptest::strategy::{SBoxedStrategy, Strategy, ValueTree};
 use proptest::test_runner::{Config as PtConfig, TestRunner};
 use std::collections::HashMap;
@@ -104,8 +106,11 @@ pub fn case_seed(seed: u64, k: u64) -> u64 {
 
 /// The proptest value tree of a case seed (generation and shrinking start here).
 pub fn value_tree(strategy: &SBoxedStrategy<Draw>, seed: u64) -> Box<dyn ValueTree<Value = Draw>> {
-    let mut runner = TestRunner::new_with_rng(PtConfig::default(), crate::generate::recipe::rng_for(seed));
-    strategy.new_tree(&mut runner).expect("strategies have no filters, so generation cannot be rejected")
+    let mut runner =
+        TestRunner::new_with_rng(PtConfig::default(), crate::generate::recipe::rng_for(seed));
+    strategy
+        .new_tree(&mut runner)
+        .expect("strategies have no filters, so generation cannot be rejected")
 }
 
 /// One generated case, run on every kernel.
@@ -156,7 +161,9 @@ impl Engine<'_> {
                 verdicts: Vec::new(),
                 adjustments,
                 divergence: None,
-                environment_error: Some(format!("internal error: generated case {seed:#x} is invalid: {e}")),
+                environment_error: Some(format!(
+                    "internal error: generated case {seed:#x} is invalid: {e}"
+                )),
                 generate_secs,
                 reference_secs: 0.0,
                 kernel_secs: Vec::new(),
@@ -169,7 +176,13 @@ impl Engine<'_> {
         let mut environment_error = None;
         for kern in &self.kernels {
             let j = harness::run_and_judge(kern.as_ref(), &case, &mut refs, &self.cfg.oracle);
-            kernel_secs.push(j.verdict.run.kernel_time.map(|d| d.as_secs_f64()).unwrap_or(j.wall.as_secs_f64()));
+            kernel_secs.push(
+                j.verdict
+                    .run
+                    .kernel_time
+                    .map(|d| d.as_secs_f64())
+                    .unwrap_or(j.wall.as_secs_f64()),
+            );
             environment_error = environment_error.or(j.environment_error);
             verdicts.push(j.verdict);
             outputs.push(j.output);
@@ -179,8 +192,13 @@ impl Engine<'_> {
             if let Some(a) = &outputs[0] {
                 for (kb, ob) in self.kernels.iter().zip(&outputs).skip(1) {
                     if let Some(b) = ob {
-                        if let Some(msg) = harness::divergence(&case, (self.kernels[0].as_ref(), a), (kb.as_ref(), b)) {
-                            divergence = Some((format!("{} vs {}", self.kernels[0].name(), kb.name()), msg));
+                        if let Some(msg) = harness::divergence(
+                            &case,
+                            (self.kernels[0].as_ref(), a),
+                            (kb.as_ref(), b),
+                        ) {
+                            divergence =
+                                Some((format!("{} vs {}", self.kernels[0].name(), kb.name()), msg));
                             break;
                         }
                     }
@@ -189,7 +207,19 @@ impl Engine<'_> {
         }
         let reference_secs = refs.time.as_secs_f64();
         drop(refs);
-        CaseResult { k, seed, recipe, case, verdicts, adjustments, divergence, environment_error, generate_secs, reference_secs, kernel_secs }
+        CaseResult {
+            k,
+            seed,
+            recipe,
+            case,
+            verdicts,
+            adjustments,
+            divergence,
+            environment_error,
+            generate_secs,
+            reference_secs,
+            kernel_secs,
+        }
     }
 }
 
@@ -199,9 +229,13 @@ fn tool_version() -> String {
 
 fn environment(command_line: &str) -> report::Environment {
     report::Environment {
-        hostname: std::fs::read_to_string("/etc/hostname").map(|s| s.trim().to_string()).unwrap_or_default(),
+        hostname: std::fs::read_to_string("/etc/hostname")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default(),
         os: format!("{} {}", std::env::consts::OS, std::env::consts::ARCH),
-        cpus: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        cpus: std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1),
         gpus: Vec::new(),
         command_line: command_line.to_string(),
     }
@@ -237,7 +271,9 @@ fn add_verdict(stats: &mut KernelStats, v: &Verdict, kernel_secs: f64) {
 }
 
 fn quote(s: &str) -> String {
-    if s.chars().all(|c| c.is_ascii_alphanumeric() || "-_:./=".contains(c)) {
+    if s.chars()
+        .all(|c| c.is_ascii_alphanumeric() || "-_:./=".contains(c))
+    {
         s.to_string()
     } else {
         format!("'{}'", s.replace('\'', "'\\''"))
@@ -245,7 +281,11 @@ fn quote(s: &str) -> String {
 }
 
 pub fn replay_command(file: &Path, kernel: &str) -> String {
-    format!("mqa-fuzz replay {} --kernel {}", quote(&file.display().to_string()), quote(kernel))
+    format!(
+        "mqa-fuzz replay {} --kernel {}",
+        quote(&file.display().to_string()),
+        quote(kernel)
+    )
 }
 
 /// Runs a campaign.
@@ -255,18 +295,38 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
     if cfg.kernels.is_empty() {
         return Err(Fatal::usage("no kernel given"));
     }
-    let kernels: Vec<Box<dyn Kernel>> = cfg.kernels.iter().map(|k| kernel::open(k)).collect::<Result<_, _>>()?;
-    let corpus = if cfg.replay_corpus { corpus::load_all(&cfg.corpus_dir)? } else { Vec::new() };
-    std::fs::create_dir_all(&cfg.report_dir)
-        .map_err(|e| Fatal::usage(format!("{}: cannot create report directory: {e}", cfg.report_dir.display())))?;
+    let kernels: Vec<Box<dyn Kernel>> = cfg
+        .kernels
+        .iter()
+        .map(|k| kernel::open(k))
+        .collect::<Result<_, _>>()?;
+    let corpus = if cfg.replay_corpus {
+        corpus::load_all(&cfg.corpus_dir)?
+    } else {
+        Vec::new()
+    };
+    std::fs::create_dir_all(&cfg.report_dir).map_err(|e| {
+        Fatal::usage(format!(
+            "{}: cannot create report directory: {e}",
+            cfg.report_dir.display()
+        ))
+    })?;
     interrupt::install();
 
-    let engine = Engine { cfg, kernels, strategy: draw_strategy(cfg.profile) };
+    let engine = Engine {
+        cfg,
+        kernels,
+        strategy: draw_strategy(cfg.profile),
+    };
     let caps = engine.caps();
     let mut report = Report {
         report_version: REPORT_VERSION,
         tool_version: tool_version(),
-        run_id: cfg.report_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+        run_id: cfg
+            .report_dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
         started_unix,
         environment: environment(&cfg.command_line),
         kernels: engine
@@ -275,7 +335,9 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
             .map(|k| KernelInfo {
                 name: k.name().to_string(),
                 version: k.version(),
-                planted_bug: kernel::registry().iter().any(|e| e.name == k.name() && e.planted_bug),
+                planted_bug: kernel::registry()
+                    .iter()
+                    .any(|e| e.name == k.name() && e.planted_bug),
                 capabilities: serde_json::to_value(k.capabilities()).unwrap_or_default(),
             })
             .collect(),
@@ -288,7 +350,9 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
         ..Default::default()
     };
     for k in &engine.kernels {
-        report.per_kernel.insert(k.name().to_string(), KernelStats::default());
+        report
+            .per_kernel
+            .insert(k.name().to_string(), KernelStats::default());
     }
     let mut progress = progress::Progress::new(cfg.quiet, cfg.budget, cfg.max_cases);
     let mut timings = Timings::default();
@@ -312,11 +376,20 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
                 break;
             }
             let v = j.verdict;
-            add_verdict(report.per_kernel.get_mut(kern.name()).unwrap(), &v, j.wall.as_secs_f64());
+            add_verdict(
+                report.per_kernel.get_mut(kern.name()).unwrap(),
+                &v,
+                j.wall.as_secs_f64(),
+            );
             if let Some(class) = v.primary_class() {
                 any_finding = true;
                 let sig = corpus::signature(kern.name(), class, &file.case);
-                progress.println(&format!("corpus {}: {} {}", path.display(), kern.name(), crate::cli::verdict_line(&v)));
+                progress.println(&format!(
+                    "corpus {}: {} {}",
+                    path.display(),
+                    kern.name(),
+                    crate::cli::verdict_line(&v)
+                ));
                 let f = Finding {
                     signature: sig.clone(),
                     kernel: kern.name().to_string(),
@@ -328,7 +401,9 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
                     seed: file.provenance.seed,
                     shrunk: file.provenance.shrunk,
                     rows: file.case.rows(),
-                    tokens: (0..file.case.shape.batch).map(|b| file.case.seq_tokens(b) as u64).sum(),
+                    tokens: (0..file.case.shape.batch)
+                        .map(|b| file.case.seq_tokens(b) as u64)
+                        .sum(),
                     occurrences: 1,
                     verdict: v,
                     picture: None,
@@ -342,8 +417,21 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
     }
 
     // 2. Generate.
-    let jobs = cfg.jobs.unwrap_or_else(|| engine.kernels.iter().map(|k| k.preferred_jobs()).min().unwrap_or(1)).max(1);
-    let (shard_index, shard_count) = cfg.shard.map(|s| (s.index as u64, s.count as u64)).unwrap_or((0, 1));
+    let jobs = cfg
+        .jobs
+        .unwrap_or_else(|| {
+            engine
+                .kernels
+                .iter()
+                .map(|k| k.preferred_jobs())
+                .min()
+                .unwrap_or(1)
+        })
+        .max(1);
+    let (shard_index, shard_count) = cfg
+        .shard
+        .map(|s| (s.index as u64, s.count as u64))
+        .unwrap_or((0, 1));
     let next_k = AtomicU64::new(0);
     let stop = std::sync::atomic::AtomicBool::new(false);
     let started_cases = AtomicU64::new(0);
@@ -360,7 +448,10 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
                 let started_cases = &started_cases;
                 let stop = &stop;
                 scope.spawn(move || loop {
-                    if interrupt::requested() || stop.load(Ordering::SeqCst) || deadline.is_some_and(|d| Instant::now() >= d) {
+                    if interrupt::requested()
+                        || stop.load(Ordering::SeqCst)
+                        || deadline.is_some_and(|d| Instant::now() >= d)
+                    {
                         break;
                     }
                     if let Some(m) = cfg.max_cases {
@@ -392,18 +483,29 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
                 timings.reference_secs += r.reference_secs;
                 coverage::record(&mut report.coverage, &r.recipe, &r.case);
                 for a in &r.adjustments {
-                    *report.counts.skip_reasons.entry(format!("adjusted: {a}")).or_default() += 1;
+                    *report
+                        .counts
+                        .skip_reasons
+                        .entry(format!("adjusted: {a}"))
+                        .or_default() += 1;
                 }
                 let mut line = serde_json::json!({"k": r.k, "seed": format!("{:#018x}", r.seed), "recipe": short_recipe(&r.recipe)});
                 let mut kinds = Vec::new();
-                for ((kern, v), secs) in engine.kernels.iter().zip(&r.verdicts).zip(&r.kernel_secs) {
+                for ((kern, v), secs) in engine.kernels.iter().zip(&r.verdicts).zip(&r.kernel_secs)
+                {
                     timings.kernel_secs += secs;
                     add_verdict(report.per_kernel.get_mut(kern.name()).unwrap(), v, *secs);
                     if let Some(why) = &v.skipped {
                         report.counts.cases_skipped += 1;
-                        *report.counts.skip_reasons.entry(format!("{}: {why}", kern.name())).or_default() += 1;
+                        *report
+                            .counts
+                            .skip_reasons
+                            .entry(format!("{}: {why}", kern.name()))
+                            .or_default() += 1;
                     }
-                    kinds.push(serde_json::json!({"kernel": kern.name(), "classes": v.finding_classes()}));
+                    kinds.push(
+                        serde_json::json!({"kernel": kern.name(), "classes": v.finding_classes()}),
+                    );
                 }
                 line["verdicts"] = serde_json::Value::Array(kinds);
                 cases_log.push(line);
@@ -422,13 +524,38 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
                         findings[fi].occurrences += 1;
                         continue;
                     }
-                    detections.push(Detection { signature: raw_sig.clone(), class, cases: generated, secs: started.elapsed().as_secs_f64() });
-                    progress.println(&format!("finding: {} {} on case {} (seed {:#x}); shrinking...", kern.name(), class, r.k, r.seed));
+                    detections.push(Detection {
+                        signature: raw_sig.clone(),
+                        class,
+                        cases: generated,
+                        secs: started.elapsed().as_secs_f64(),
+                    });
+                    progress.println(&format!(
+                        "finding: {} {} on case {} (seed {:#x}); shrinking...",
+                        kern.name(),
+                        class,
+                        r.k,
+                        r.seed
+                    ));
                     let t_shrink = Instant::now();
                     let shrunk = if cfg.shrink {
-                        shrink::shrink(&engine, kern, class, r.seed, &r.case, &r.verdicts[ki], cfg.shrink_budget)
+                        shrink::shrink(
+                            &engine,
+                            kern,
+                            class,
+                            r.seed,
+                            &r.case,
+                            &r.verdicts[ki],
+                            cfg.shrink_budget,
+                        )
                     } else {
-                        shrink::Shrunk { recipe: r.recipe.clone(), case: r.case.clone(), verdict: r.verdicts[ki].clone(), steps: 0, shrunk: false }
+                        shrink::Shrunk {
+                            recipe: r.recipe.clone(),
+                            case: r.case.clone(),
+                            verdict: r.verdicts[ki].clone(),
+                            steps: 0,
+                            shrunk: false,
+                        }
                     };
                     timings.shrink_secs += t_shrink.elapsed().as_secs_f64();
                     let sig = corpus::signature(kern.name(), class, &shrunk.case);
@@ -437,16 +564,29 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
                         by_signature.insert(raw_sig, fi);
                         continue;
                     }
-                    let case_file = save_finding(cfg, kern.name(), class, &sig, &r, &shrunk, &mut progress);
-                    let replay = case_file.as_ref().map(|p| replay_command(p, kern.name())).unwrap_or_default();
+                    let case_file =
+                        save_finding(cfg, kern.name(), class, &sig, &r, &shrunk, &mut progress);
+                    let replay = case_file
+                        .as_ref()
+                        .map(|p| replay_command(p, kern.name()))
+                        .unwrap_or_default();
                     progress.println(&format!(
                         "  {} {}: {} row(s), {} token(s){}{}",
                         kern.name(),
                         crate::cli::verdict_line(&shrunk.verdict),
                         shrunk.case.rows(),
-                        (0..shrunk.case.shape.batch).map(|b| shrunk.case.seq_tokens(b)).sum::<usize>(),
-                        case_file.as_ref().map(|p| format!("\n  saved {}", p.display())).unwrap_or_default(),
-                        if replay.is_empty() { String::new() } else { format!("\n  replay: {replay}") }
+                        (0..shrunk.case.shape.batch)
+                            .map(|b| shrunk.case.seq_tokens(b))
+                            .sum::<usize>(),
+                        case_file
+                            .as_ref()
+                            .map(|p| format!("\n  saved {}", p.display()))
+                            .unwrap_or_default(),
+                        if replay.is_empty() {
+                            String::new()
+                        } else {
+                            format!("\n  replay: {replay}")
+                        }
                     ));
                     let f = Finding {
                         signature: sig.clone(),
@@ -459,7 +599,9 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
                         seed: Some(r.seed),
                         shrunk: shrunk.shrunk,
                         rows: shrunk.case.rows(),
-                        tokens: (0..shrunk.case.shape.batch).map(|b| shrunk.case.seq_tokens(b) as u64).sum(),
+                        tokens: (0..shrunk.case.shape.batch)
+                            .map(|b| shrunk.case.seq_tokens(b) as u64)
+                            .sum(),
                         occurrences: 1,
                         verdict: shrunk.verdict,
                         picture: None,
@@ -475,7 +617,8 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
                     if let Some(&fi) = by_signature.get(&sig) {
                         findings[fi].occurrences += 1;
                     } else {
-                        progress.println(&format!("finding: {pair} divergent on case {}: {msg}", r.k));
+                        progress
+                            .println(&format!("finding: {pair} divergent on case {}: {msg}", r.k));
                         let mut v = Verdict::default();
                         v.add_case_finding(Class::Divergent, msg.clone());
                         by_signature.insert(sig.clone(), findings.len());
@@ -487,7 +630,9 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
                             classes: v.classes.clone(),
                             seed: Some(r.seed),
                             rows: r.case.rows(),
-                            tokens: (0..r.case.shape.batch).map(|b| r.case.seq_tokens(b) as u64).sum(),
+                            tokens: (0..r.case.shape.batch)
+                                .map(|b| r.case.seq_tokens(b) as u64)
+                                .sum(),
                             occurrences: 1,
                             verdict: v,
                             ..Default::default()
@@ -511,15 +656,29 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
     for note in report::picture::fill_pictures(&mut report, &cfg.oracle) {
         progress.println(&note);
     }
-    report::write_all(&cfg.report_dir, &report)
-        .map_err(|e| Fatal::usage(format!("{}: cannot write the report: {e}", cfg.report_dir.display())))?;
+    report::write_all(&cfg.report_dir, &report).map_err(|e| {
+        Fatal::usage(format!(
+            "{}: cannot write the report: {e}",
+            cfg.report_dir.display()
+        ))
+    })?;
     let log: String = cases_log.iter().map(|l| format!("{l}\n")).collect();
-    crate::util::write_atomic(&cfg.report_dir.join("cases.jsonl"), log.as_bytes())
-        .map_err(|e| Fatal::usage(format!("{}: cannot write cases.jsonl: {e}", cfg.report_dir.display())))?;
+    crate::util::write_atomic(&cfg.report_dir.join("cases.jsonl"), log.as_bytes()).map_err(
+        |e| {
+            Fatal::usage(format!(
+                "{}: cannot write cases.jsonl: {e}",
+                cfg.report_dir.display()
+            ))
+        },
+    )?;
     if let Some(e) = env_error {
         return Err(Fatal::environment(e));
     }
-    Ok(Outcome { report, detections, exit_code: if any_finding { 1 } else { 0 } })
+    Ok(Outcome {
+        report,
+        detections,
+        exit_code: if any_finding { 1 } else { 0 },
+    })
 }
 
 /// The recipe without its bulky parts, for `cases.jsonl`.
@@ -527,7 +686,15 @@ fn short_recipe(r: &Recipe) -> serde_json::Value {
     serde_json::to_value(r).unwrap_or_default()
 }
 
-fn save_finding(cfg: &Config, kernel: &str, class: Class, sig: &str, r: &CaseResult, s: &shrink::Shrunk, progress: &mut progress::Progress) -> Option<PathBuf> {
+fn save_finding(
+    cfg: &Config,
+    kernel: &str,
+    class: Class,
+    sig: &str,
+    r: &CaseResult,
+    s: &shrink::Shrunk,
+    progress: &mut progress::Progress,
+) -> Option<PathBuf> {
     if !cfg.save_corpus {
         return None;
     }
@@ -544,18 +711,25 @@ fn save_finding(cfg: &Config, kernel: &str, class: Class, sig: &str, r: &CaseRes
             shrunk: s.shrunk,
             signature: Some(sig.to_string()),
             created_unix: Some(crate::util::unix_now()),
-            note: Some(format!("found by campaign seed {} at case {}; {} shrink steps", cfg.seed, r.k, s.steps)),
+            note: Some(format!(
+                "found by campaign seed {} at case {}; {} shrink steps",
+                cfg.seed, r.k, s.steps
+            )),
             recipe: serde_json::to_value(&s.recipe).ok(),
         },
-        expected: crate::case::Expected { classes: s.verdict.finding_classes() },
+        expected: crate::case::Expected {
+            classes: s.verdict.finding_classes(),
+        },
         case: s.case.clone(),
     };
     match corpus::save(&path, &file) {
         Ok(()) => Some(path),
         Err(e) => {
-            progress.println(&format!("mqa-fuzz: warning: cannot save {}: {e}", path.display()));
+            progress.println(&format!(
+                "mqa-fuzz: warning: cannot save {}: {e}",
+                path.display()
+            ));
             None
         }
     }
 }
-

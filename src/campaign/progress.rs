@@ -23,13 +23,22 @@ impl Progress {
                 None => ProgressBar::new_spinner(),
             };
             b.set_style(
-                ProgressStyle::with_template("{spinner} [{elapsed_precise}] {pos} cases ({per_sec}) {msg}")
-                    .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+                ProgressStyle::with_template(
+                    "{spinner} [{elapsed_precise}] {pos} cases ({per_sec}) {msg}",
+                )
+                .unwrap_or_else(|_| ProgressStyle::default_spinner()),
             );
             b.enable_steady_tick(Duration::from_millis(200));
             b
         });
-        Progress { quiet, bar, plain: !quiet && !tty, start: Instant::now(), last_line: Instant::now(), budget }
+        Progress {
+            quiet,
+            bar,
+            plain: !quiet && !tty,
+            start: Instant::now(),
+            last_line: Instant::now(),
+            budget,
+        }
     }
 
     pub fn update(&mut self, cases: u64, findings: usize, phase: &str) {
@@ -39,7 +48,10 @@ impl Progress {
         } else if self.plain && self.last_line.elapsed() >= Duration::from_secs(10) {
             self.last_line = Instant::now();
             let el = self.start.elapsed().as_secs_f64();
-            let budget = self.budget.map(|b| format!(" of {:.0}s", b.as_secs_f64())).unwrap_or_default();
+            let budget = self
+                .budget
+                .map(|b| format!(" of {:.0}s", b.as_secs_f64()))
+                .unwrap_or_default();
             eprintln!("mqa-fuzz: {el:.0}s{budget}: {cases} cases ({:.1}/s), {findings} finding(s) {phase}", cases as f64 / el.max(1e-9));
         }
     }

@@ -24,11 +24,25 @@ pub struct Shrunk {
 /// Largest number of candidate cases tried for one finding.
 const MAX_STEPS: u32 = 2000;
 
-pub(super) fn shrink(engine: &Engine, kern: &dyn Kernel, class: Class, seed: u64, case: &Case, verdict: &Verdict, budget: Duration) -> Shrunk {
+pub(super) fn shrink(
+    engine: &Engine,
+    kern: &dyn Kernel,
+    class: Class,
+    seed: u64,
+    case: &Case,
+    verdict: &Verdict,
+    budget: Duration,
+) -> Shrunk {
     let start = Instant::now();
     let mut tree = value_tree(&engine.strategy, seed);
     let (recipe, _, _) = engine.materialize(&tree.current());
-    let mut best = Shrunk { recipe, case: case.clone(), verdict: verdict.clone(), steps: 0, shrunk: false };
+    let mut best = Shrunk {
+        recipe,
+        case: case.clone(),
+        verdict: verdict.clone(),
+        steps: 0,
+        shrunk: false,
+    };
     if !tree.simplify() {
         return best;
     }
@@ -44,11 +58,21 @@ pub(super) fn shrink(engine: &Engine, kern: &dyn Kernel, class: Class, seed: u64
             let j = harness::run_and_judge(kern, &cand, &mut refs, &engine.cfg.oracle);
             let still = j.verdict.classes.contains_key(&class);
             if still && size(&cand) <= size(&best.case) {
-                best = Shrunk { recipe, case: cand, verdict: j.verdict, steps, shrunk: true };
+                best = Shrunk {
+                    recipe,
+                    case: cand,
+                    verdict: j.verdict,
+                    steps,
+                    shrunk: true,
+                };
             }
             still
         };
-        let more = if fails { tree.simplify() } else { tree.complicate() };
+        let more = if fails {
+            tree.simplify()
+        } else {
+            tree.complicate()
+        };
         if !more {
             break;
         }
@@ -60,5 +84,10 @@ pub(super) fn shrink(engine: &Engine, kern: &dyn Kernel, class: Class, seed: u64
 /// Ordering of case sizes: rows, then tokens, then shape.
 fn size(c: &Case) -> (usize, usize, usize, usize) {
     let tokens = (0..c.shape.batch).map(|b| c.seq_tokens(b)).sum();
-    (c.rows(), tokens, c.shape.heads * c.shape.head_dim, c.shape.block_size)
+    (
+        c.rows(),
+        tokens,
+        c.shape.heads * c.shape.head_dim,
+        c.shape.block_size,
+    )
 }

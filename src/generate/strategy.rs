@@ -45,7 +45,11 @@ impl Profile {
 pub enum LenSpec {
     Zero,
     /// `anchor * mult + delta`, clamped at 0.
-    Edge { anchor: Anchor, mult: u8, delta: i8 },
+    Edge {
+        anchor: Anchor,
+        mult: u8,
+        delta: i8,
+    },
     /// Any length up to the profile's maximum.
     Uniform(u16),
 }
@@ -115,8 +119,13 @@ fn len_spec(max: u16) -> impl Strategy<Value = LenSpec> {
 
 fn lens_draw(max: u16, max_batch: usize, production: bool) -> impl Strategy<Value = LensDraw> {
     let each = proptest::collection::vec(len_spec(max), 1..=max_batch).prop_map(LensDraw::Each);
-    let avg = (1u8..=8, 64u16..=max.max(64), any::<u64>()).prop_map(|(batch, avg, seed)| LensDraw::AroundAverage { batch, avg, seed });
-    let skewed = (proptest::collection::vec(len_spec(64), 1..=4), 256u16..=max.max(256)).prop_map(|(short, long)| LensDraw::Skewed { short, long });
+    let avg = (1u8..=8, 64u16..=max.max(64), any::<u64>())
+        .prop_map(|(batch, avg, seed)| LensDraw::AroundAverage { batch, avg, seed });
+    let skewed = (
+        proptest::collection::vec(len_spec(64), 1..=4),
+        256u16..=max.max(256),
+    )
+        .prop_map(|(short, long)| LensDraw::Skewed { short, long });
     let zero = (1u8..=2).prop_map(|groups| LensDraw::AllZero { groups });
     if production {
         prop_oneof![3 => each, 6 => avg, 2 => skewed, 1 => zero].sboxed()
@@ -125,8 +134,13 @@ fn lens_draw(max: u16, max_batch: usize, production: bool) -> impl Strategy<Valu
     }
 }
 
-fn weighted<T: Clone + std::fmt::Debug + Send + Sync + 'static>(v: Vec<(u32, T)>) -> SBoxedStrategy<T> {
-    proptest::strategy::Union::new_weighted(v.into_iter().map(|(w, x)| (w, Just(x).sboxed())).collect()).sboxed()
+fn weighted<T: Clone + std::fmt::Debug + Send + Sync + 'static>(
+    v: Vec<(u32, T)>,
+) -> SBoxedStrategy<T> {
+    proptest::strategy::Union::new_weighted(
+        v.into_iter().map(|(w, x)| (w, Just(x).sboxed())).collect(),
+    )
+    .sboxed()
 }
 
 fn per_token(max_rows: usize) -> impl Strategy<Value = Option<Vec<i8>>> {
@@ -141,10 +155,13 @@ pub fn draw_strategy(profile: Profile) -> SBoxedStrategy<Draw> {
     match profile {
         Profile::Production => production().sboxed(),
         Profile::Layout => layout(false).sboxed(),
-        Profile::Hostile => prop_oneof![layout(true), production().prop_map(|mut d| {
-            d.values = ValueKind::Hostile;
-            d
-        })]
+        Profile::Hostile => prop_oneof![
+            layout(true),
+            production().prop_map(|mut d| {
+                d.values = ValueKind::Hostile;
+                d
+            })
+        ]
         .sboxed(),
         Profile::All => prop_oneof![
             2 => layout(false),
@@ -168,33 +185,48 @@ fn production() -> impl Strategy<Value = Draw> {
         any::<bool>(),
         formats(),
     );
-    let lens = (lens_draw(1024, 8, true), per_token(4), weighted(vec![(1, 0usize), (1, 1), (2, 255)]));
+    let lens = (
+        lens_draw(1024, 8, true),
+        per_token(4),
+        weighted(vec![(1, 0usize), (1, 1), (2, 255)]),
+    );
     let table = (
-        weighted(vec![(2, TableOrder::Permuted), (1, TableOrder::Sequential), (1, TableOrder::SharedPrefix)]),
+        weighted(vec![
+            (2, TableOrder::Permuted),
+            (1, TableOrder::Sequential),
+            (1, TableOrder::SharedPrefix),
+        ]),
         weighted(vec![(2, Padding::Zero), (1, Padding::MinusOne)]),
         0usize..=2,
     );
-    (shape, lens, table, any::<u64>()).prop_map(|((next_n, heads, head_dim, block_size, shuffle16, format), (lens, per_token, slack), (order, padding, surplus), seed)| Draw {
-        next_n,
-        heads,
-        head_dim,
-        block_size,
-        shuffle16,
-        format,
-        lens,
-        per_token,
-        model_len_slack: slack,
-        out_stride_pad: 0,
-        big_output: false,
-        table_order: order,
-        padding,
-        surplus_blocks: surplus,
-        table_stride_pad: 0,
-        kv_stride_pad: 0,
-        offsets: OffsetClass::Low,
-        values: ValueKind::Pipeline,
-        seed,
-    })
+    (shape, lens, table, any::<u64>()).prop_map(
+        |(
+            (next_n, heads, head_dim, block_size, shuffle16, format),
+            (lens, per_token, slack),
+            (order, padding, surplus),
+            seed,
+        )| Draw {
+            next_n,
+            heads,
+            head_dim,
+            block_size,
+            shuffle16,
+            format,
+            lens,
+            per_token,
+            model_len_slack: slack,
+            out_stride_pad: 0,
+            big_output: false,
+            table_order: order,
+            padding,
+            surplus_blocks: surplus,
+            table_stride_pad: 0,
+            kv_stride_pad: 0,
+            offsets: OffsetClass::Low,
+            values: ValueKind::Pipeline,
+            seed,
+        },
+    )
 }
 
 fn layout(hostile: bool) -> impl Strategy<Value = Draw> {
@@ -216,23 +248,50 @@ fn layout(hostile: bool) -> impl Strategy<Value = Draw> {
         prop_oneof![3 => Just(0usize), 1 => 1usize..=5, 1 => Just(256usize)],
     );
     let table = (
-        weighted(vec![(1, TableOrder::Sequential), (1, TableOrder::Permuted), (1, TableOrder::Reversed), (1, TableOrder::SharedPrefix)]),
-        weighted(vec![(1, Padding::Zero), (1, Padding::MinusOne), (1, Padding::Huge), (1, Padding::Garbage)]),
+        weighted(vec![
+            (1, TableOrder::Sequential),
+            (1, TableOrder::Permuted),
+            (1, TableOrder::Reversed),
+            (1, TableOrder::SharedPrefix),
+        ]),
+        weighted(vec![
+            (1, Padding::Zero),
+            (1, Padding::MinusOne),
+            (1, Padding::Huge),
+            (1, Padding::Garbage),
+        ]),
         prop_oneof![3 => Just(0usize), 1 => 1usize..=4],
         prop_oneof![3 => Just(0usize), 1 => 1usize..=8],
         prop_oneof![2 => Just(0u64), 1 => (1u64..=64).prop_map(|x| 4 * x)],
     );
     let addr = (
-        weighted(vec![(4, OffsetClass::Low), (2, OffsetClass::Around2G), (2, OffsetClass::Around4G)]),
+        weighted(vec![
+            (4, OffsetClass::Low),
+            (2, OffsetClass::Around2G),
+            (2, OffsetClass::Around4G),
+        ]),
         weighted(vec![(40, false), (1, true)]),
     );
     let values = if hostile {
         Just(ValueKind::Hostile).sboxed()
     } else {
-        weighted(vec![(3, ValueKind::Pipeline), (2, ValueKind::UniformCodes), (1, ValueKind::Extreme), (1, ValueKind::ReluBoundary), (1, ValueKind::AllNegative)])
+        weighted(vec![
+            (3, ValueKind::Pipeline),
+            (2, ValueKind::UniformCodes),
+            (1, ValueKind::Extreme),
+            (1, ValueKind::ReluBoundary),
+            (1, ValueKind::AllNegative),
+        ])
     };
     (shape, lens, table, addr, values, any::<u64>()).prop_map(
-        |((next_n, heads, head_dim, block_size, shuffle16, format), (lens, per_token, slack, out_pad), (order, padding, surplus, tpad, kvpad), (offsets, big_output), values, seed)| Draw {
+        |(
+            (next_n, heads, head_dim, block_size, shuffle16, format),
+            (lens, per_token, slack, out_pad),
+            (order, padding, surplus, tpad, kvpad),
+            (offsets, big_output),
+            values,
+            seed,
+        )| Draw {
             next_n,
             heads,
             head_dim,
@@ -262,7 +321,11 @@ impl LenSpec {
     fn resolve(self, next_n: usize, block_size: usize, max: usize) -> usize {
         match self {
             LenSpec::Zero => 0,
-            LenSpec::Edge { anchor, mult, delta } => {
+            LenSpec::Edge {
+                anchor,
+                mult,
+                delta,
+            } => {
                 let a = match anchor {
                     Anchor::One => 1,
                     Anchor::NextN => next_n,
@@ -299,7 +362,10 @@ impl Draw {
             if let BlockSizes::List(v) = &c.block_sizes {
                 if !v.contains(&d.block_size) {
                     adjust.push(format!("block_size {}", d.block_size));
-                    d.block_size = *v.iter().min_by_key(|&&b| b.abs_diff(d.block_size)).unwrap_or(&64);
+                    d.block_size = *v
+                        .iter()
+                        .min_by_key(|&&b| b.abs_diff(d.block_size))
+                        .unwrap_or(&64);
                 }
             }
             if d.next_n < c.next_n.0 || d.next_n > c.next_n.1 {
@@ -334,20 +400,32 @@ impl Draw {
                 d.offsets = OffsetClass::Low;
             }
         }
-        let layout = if d.shuffle16 && d.block_size % 16 == 0 && d.head_dim % 32 == 0 { ValueLayout::Shuffle16 } else { ValueLayout::Normal };
+        let layout =
+            if d.shuffle16 && d.block_size.is_multiple_of(16) && d.head_dim.is_multiple_of(32) {
+                ValueLayout::Shuffle16
+            } else {
+                ValueLayout::Normal
+            };
         let base: Vec<usize> = match &d.lens {
-            LensDraw::Each(v) => v.iter().map(|s| s.resolve(d.next_n, d.block_size, 4096)).collect(),
+            LensDraw::Each(v) => v
+                .iter()
+                .map(|s| s.resolve(d.next_n, d.block_size, 4096))
+                .collect(),
             LensDraw::AroundAverage { batch, avg, seed } => {
                 let mut rng = super::recipe::rng_for(*seed);
                 (0..*batch)
                     .map(|_| {
-                        let f = 0.7 + 0.6 * (rand::Rng::next_u32(&mut rng) as f64 / u32::MAX as f64);
+                        let f =
+                            0.7 + 0.6 * (rand::Rng::next_u32(&mut rng) as f64 / u32::MAX as f64);
                         (*avg as f64 * f) as usize
                     })
                     .collect()
             }
             LensDraw::Skewed { short, long } => {
-                let mut v: Vec<usize> = short.iter().map(|s| s.resolve(d.next_n, d.block_size, 64)).collect();
+                let mut v: Vec<usize> = short
+                    .iter()
+                    .map(|s| s.resolve(d.next_n, d.block_size, 64))
+                    .collect();
                 v.insert(v.len() / 2, *long as usize);
                 v
             }
