@@ -257,6 +257,11 @@ fn add_verdict(stats: &mut KernelStats, v: &Verdict, kernel_secs: f64) {
     }
     stats.rows_checked += v.metrics.rows_checked;
     stats.logits_checked += v.metrics.checked;
+    // A crashed case has no output for the guard to act on: not counted either way.
+    if v.classes.contains_key(&Class::Crash) {
+        stats.kernel_secs += kernel_secs;
+        return;
+    }
     let g = &mut stats.guard;
     g.cases += 1;
     g.redundant_cases += v.guard.redundant as u64;
@@ -265,9 +270,7 @@ fn add_verdict(stats: &mut KernelStats, v: &Verdict, kernel_secs: f64) {
     g.pos_inf += v.guard.pos_inf;
     g.neg_inf += v.guard.neg_inf;
     stats.kernel_secs += kernel_secs;
-    if v.metrics.max_err_over_bound.is_finite() {
-        stats.max_err_over_bound = stats.max_err_over_bound.max(v.metrics.max_err_over_bound);
-    }
+    stats.max_err_over_bound = stats.max_err_over_bound.max(v.metrics.max_err_over_bound);
 }
 
 fn quote(s: &str) -> String {
