@@ -46,6 +46,32 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Benchmarks.
+    #[command(subcommand)]
+    Bench(Bench),
+    /// Checks the CUDA kernels, planted bugs and GPU oracle on this machine's GPU.
+    #[command(hide = true)]
+    GpuSelfcheck {
+        /// Random cases per kernel.
+        #[arg(long, default_value_t = 60)]
+        cases: usize,
+        /// Random cases for the GPU oracle's bit-identity check.
+        #[arg(long, default_value_t = 60)]
+        oracle_cases: usize,
+    },
+    /// Compiles every CUDA kernel variant into the disk cache (NVRTC only, no GPU needed).
+    #[command(hide = true)]
+    GpuPrecompile {
+        /// NVRTC architecture.
+        #[arg(long, default_value = "sm_90a")]
+        arch: String,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Bench {
+    /// GPU oracle: kernel time, GPU-oracle time, CPU cross-check time and verified logits/s.
+    Oracle,
 }
 
 /// Runs the parsed command; returns the exit code.
@@ -53,6 +79,13 @@ pub fn dispatch(cli: Cli) -> Result<i32, Fatal> {
     match cli.command {
         Command::Kernels { json } => cmd_kernels(json),
         Command::Replay { files, kernel, topk, json } => cmd_replay(&files, kernel.as_deref(), topk, json),
+        Command::Bench(Bench::Oracle) => kernel::cuda::bench::bench_oracle(),
+        Command::GpuSelfcheck { cases, oracle_cases } => kernel::cuda::bench::selfcheck(cases, oracle_cases),
+        Command::GpuPrecompile { arch } => {
+            let n = kernel::cuda::bench::precompile(&arch).map_err(Fatal::environment)?;
+            println!("compiled {n} kernel variants for {arch} into {:?}", kernel::cuda::compile::cache_dir());
+            Ok(exit::CLEAN)
+        }
     }
 }
 

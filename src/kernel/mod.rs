@@ -6,6 +6,7 @@
 //! New kernels plug in by implementing [`Kernel`] and adding a line to [`registry`].
 
 pub mod cpu;
+pub mod cuda;
 mod output;
 
 pub use output::{OutputBuffer, GUARD_ELEMS, POISON_BITS};
@@ -221,9 +222,12 @@ pub fn default_kernel_name() -> &'static str {
 }
 
 fn extra_entries() -> Vec<KernelEntry> {
-    Vec::new()
+    cuda::entries()
 }
 
 fn open_extra(name: &str) -> Result<Box<dyn Kernel>, OpenError> {
+    if let Some(k) = cuda::open(name) {
+        return k;
+    }
     Err(OpenError::Unknown(name.to_string()))
 }

