@@ -66,6 +66,17 @@ pub enum Command {
         #[arg(long, default_value = "sm_90a")]
         arch: String,
     },
+    /// Serve a built-in kernel over the worker protocol on stdin/stdout (used by
+    /// `exec:` pools to isolate kernels in child processes).
+    #[command(hide = true)]
+    Worker {
+        /// Kernel to serve (any name `mqa-fuzz kernels` lists).
+        #[arg(long)]
+        kernel: String,
+        /// Misbehave on purpose (tests): crash-at=N, hang-at=N, garbage-at=N, wrong-id-at=N, skew.
+        #[arg(long)]
+        fault: Option<String>,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -86,7 +97,13 @@ pub fn dispatch(cli: Cli) -> Result<i32, Fatal> {
             println!("compiled {n} kernel variants for {arch} into {:?}", kernel::cuda::compile::cache_dir());
             Ok(exit::CLEAN)
         }
+        Command::Worker { kernel, fault } => cmd_worker(&kernel, fault.as_deref()),
     }
+}
+
+fn cmd_worker(name: &str, fault: Option<&str>) -> Result<i32, Fatal> {
+    let fault = fault.map(kernel::exec::server::Fault::parse).transpose().map_err(Fatal::usage)?;
+    kernel::exec::server::serve(name, fault)
 }
 
 fn cmd_kernels(json: bool) -> Result<i32, Fatal> {

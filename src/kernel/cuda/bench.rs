@@ -276,31 +276,32 @@ pub fn selfcheck(cases: usize, oracle_cases: usize) -> Result<i32, Fatal> {
         ));
     }
 
-    // 2. Every planted bug must be caught (the crash-prone ones last is not needed:
-    //    the device is reset after a fault).
+    // 2. Every planted bug must be caught, each through the worker pool (`cuda:`), so
+    //    a fault kills a worker process and is reported as this case's crash.
     for p in Plant::ALL {
-        let k = CudaDirect::new(Variant::Tiled(Some(p)));
+        let name = format!("cuda:bug-{}", p.name());
+        let k = crate::kernel::open(&name).map_err(|e| Fatal::environment(e.to_string()))?;
         let case = bug_recipe(p).materialize();
         let mut refs = ReferenceCache::new(&case);
-        let j = harness::run_and_judge(&k, &case, &mut refs, &cfg);
+        let j = harness::run_and_judge(k.as_ref(), &case, &mut refs, &cfg);
         let v = &j.verdict;
         let caught = !v.is_clean() && v.skipped.is_none();
         if !caught {
             failures += 1;
         }
         let mem = v.run.device_bytes.map(|b| format!(", {:.2} GiB on device", b as f64 / (1u64 << 30) as f64)).unwrap_or_default();
-        line(format!("{:38} {} {}{mem}", k.name(), if caught { "caught:" } else { "MISSED:" }, crate::cli::verdict_line(v)));
+        line(format!("{name:32} {} {}{mem}", if caught { "caught:" } else { "MISSED:" }, crate::cli::verdict_line(v)));
     }
     // The clean kernel on the same cases must be clean (the findings are the bugs').
-    let clean_k = CudaDirect::new(Variant::Tiled(None));
-    for p in [Plant::Offset32Kv, Plant::Offset32Out, Plant::TablePaddingRead, Plant::ZeroBatch, Plant::StorePastEnd] {
+    let clean_k = crate::kernel::open("cuda:tiled").map_err(|e| Fatal::environment(e.to_string()))?;
+    for p in Plant::ALL {
         let case = bug_recipe(p).materialize();
         let mut refs = ReferenceCache::new(&case);
-        let v = harness::run_and_judge(&clean_k, &case, &mut refs, &cfg).verdict;
+        let v = harness::run_and_judge(clean_k.as_ref(), &case, &mut refs, &cfg).verdict;
         if !v.is_clean() {
             failures += 1;
         }
-        line(format!("cuda-direct:tiled on the {} case: {}", p.name(), crate::cli::verdict_line(&v)));
+        line(format!("cuda:tiled on the {} case: {}", p.name(), crate::cli::verdict_line(&v)));
     }
 
     // 3. GPU oracle bit-identical to the CPU reference.

@@ -1,8 +1,10 @@
 //! The safe wrapper above [`sys`]: one process-wide [`Gpu`] (the first visible device;
-//! a worker process sees exactly one through `CUDA_VISIBLE_DEVICES`), its compiled
-//! functions, and recovery after a kernel fault. A fault (illegal address) leaves the
-//! CUDA context unusable; [`with_gpu`] then resets the device's primary context so the
-//! next case starts clean, and reports the fault as a crash of this case only.
+//! a worker process sees exactly one through `CUDA_VISIBLE_DEVICES`) and its compiled
+//! functions. A kernel fault (illegal address) leaves the process's CUDA context
+//! unusable for good (seen on the H200: even a primary-context reset does not clear
+//! it), so the fault is reported as a crash of that case and every later call in the
+//! process is an environment error; `cuda:` workers exit instead, and their pool
+//! restarts them.
 
 use super::compile::{self, Defines, Program};
 use super::sys::{self, Context, Function};
@@ -69,22 +71,35 @@ pub fn availability() -> Result<usize, String> {
 
 static GPU: Mutex<Option<Gpu>> = Mutex::new(None);
 
+/// Set after a kernel fault: the CUDA context of this process is unusable for good
+/// (an illegal address is a sticky error that only ending the process clears).
+static FAULTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Environment variable set for `cuda:` worker processes: on a kernel fault the worker
+/// exits at once (status 70), so its pool reports this case as a crash and starts a
+/// fresh worker for the next one.
+pub const EXIT_ON_FAULT: &str = "MQA_FUZZ_CUDA_EXIT_ON_FAULT";
+
 /// What went wrong inside [`with_gpu`].
 #[derive(Debug)]
 pub enum GpuFailure {
     /// The device could not be opened or a kernel not compiled: environment.
     Environment(String),
-    /// A launch or synchronize failed (fault, illegal address): the context was reset.
+    /// A launch or synchronize failed (fault, illegal address): the context is lost.
     Fault(String),
     /// Not enough device memory for the case.
     OutOfMemory(String),
 }
 
 /// Runs `f` with exclusive use of the process's GPU (device 0 of the visible ones),
-/// opening it on first use. If `f` reports a fault the primary context is reset so
-/// later calls work again.
+/// opening it on first use.
 pub fn with_gpu<T>(f: impl FnOnce(&mut Gpu) -> Result<T, GpuFailure>) -> Result<T, GpuFailure> {
     let mut guard = GPU.lock().unwrap_or_else(|p| p.into_inner());
+    if FAULTED.load(std::sync::atomic::Ordering::SeqCst) {
+        return Err(GpuFailure::Environment(
+            "the CUDA context of this process was lost to a kernel fault earlier; use cuda:<name> (worker processes) to isolate faults".into(),
+        ));
+    }
     if guard.is_none() {
         availability().map_err(GpuFailure::Environment)?;
         *guard = Some(Gpu::open(0).map_err(GpuFailure::Environment)?);
@@ -92,20 +107,14 @@ pub fn with_gpu<T>(f: impl FnOnce(&mut Gpu) -> Result<T, GpuFailure>) -> Result<
     let gpu = guard.as_mut().unwrap();
     gpu.ctx.bind().map_err(GpuFailure::Environment)?;
     let r = f(gpu);
-    if matches!(r, Err(GpuFailure::Fault(_))) {
-        // Drop modules and the context handle, then reset: a sticky error is cleared
-        // only by destroying the context.
-        let gpu = guard.take().unwrap();
-        let ordinal = gpu.ordinal;
-        drop(gpu);
-        reset_device(ordinal);
+    if let Err(GpuFailure::Fault(m)) = &r {
+        FAULTED.store(true, std::sync::atomic::Ordering::SeqCst);
+        if std::env::var_os(EXIT_ON_FAULT).is_some() {
+            eprintln!("mqa-fuzz cuda worker: kernel fault, exiting so the pool restarts this worker: {m}");
+            std::process::exit(70);
+        }
+        // Drop modules and buffers while the handles are still known (frees fail harmlessly).
+        guard.take();
     }
     r
-}
-
-fn reset_device(ordinal: usize) {
-    if let Ok(dev) = cudarc::driver::result::device::get(ordinal as i32) {
-        // SAFETY: resets the primary context of a valid device; nothing of ours uses it now.
-        let _ = unsafe { cudarc::driver::sys::cuDevicePrimaryCtxReset_v2(dev) };
-    }
 }

@@ -57,7 +57,8 @@ fn open_direct(name: &str, rest: &str) -> Result<Box<dyn Kernel>, OpenError> {
     Ok(Box::new(CudaDirect::new(v)))
 }
 
-/// Opens `cuda:<rest>` on the given GPUs (default: all visible).
+/// Opens `cuda:<rest>` on the given GPUs (indices as [`select_gpus`] returns them;
+/// `None`: all visible), one worker process per GPU.
 pub fn open_pooled(name: &str, rest: &str, gpus: Option<&[usize]>) -> Result<Box<dyn Kernel>, OpenError> {
     let v = Variant::parse(rest).ok_or_else(|| OpenError::Unknown(name.to_string()))?;
     let count = device::availability().map_err(|r| unavailable(name, r))?;
@@ -97,13 +98,53 @@ pub fn parse_gpus(spec: &str, count: usize) -> Result<Vec<usize>, String> {
 }
 
 mod worker {
-    //! Pooling of `cuda:<name>` over worker processes.
+    //! `cuda:<name>`: one worker process per GPU (`mqa-fuzz worker --kernel
+    //! cuda-direct:<name>` with `CUDA_VISIBLE_DEVICES` pinned), supervised by the exec
+    //! pool: a kernel fault kills that worker (see [`super::device::EXIT_ON_FAULT`]),
+    //! the case is reported as a crash and the worker is restarted.
     use super::*;
+    use crate::kernel::exec::{device_env, ExecConfig, ExecKernel};
+    use crate::kernel::RunError;
+    use std::time::Duration;
+
+    /// The parent's view of GPU `i` as the child must name it: with
+    /// `CUDA_VISIBLE_DEVICES=2,3` in our environment, our GPU 1 is physical "3".
+    fn child_device(i: usize) -> String {
+        match std::env::var("CUDA_VISIBLE_DEVICES") {
+            Ok(v) if !v.trim().is_empty() => v.split(',').nth(i).map(|s| s.trim().to_string()).unwrap_or_else(|| i.to_string()),
+            _ => i.to_string(),
+        }
+    }
+
+    fn shell_quote(s: &str) -> String {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
 
     pub fn pool(v: Variant, gpus: &[usize]) -> Result<Box<dyn Kernel>, String> {
-        // Until the worker protocol lands, run in-process on the first selected GPU.
-        let _ = gpus;
-        Ok(Box::new(CudaDirect::new(v)))
+        let exe = std::env::current_exe().map_err(|e| format!("cannot find our own executable to start workers: {e}"))?;
+        let command = format!("{} worker --kernel cuda-direct:{}", shell_quote(&exe.to_string_lossy()), v.short_name());
+        let mut config = ExecConfig::new(command);
+        config.worker_envs = gpus
+            .iter()
+            .map(|&i| {
+                let mut env = device_env(&child_device(i));
+                env.push((device::EXIT_ON_FAULT.to_string(), "1".to_string()));
+                env
+            })
+            .collect();
+        // First use compiles kernels (seconds) and multi-GiB cases take a while to lay out.
+        config.case_timeout = Duration::from_secs(300);
+        if let Ok(c) = ExecConfig::from_env("") {
+            if std::env::var_os("MQA_FUZZ_EXEC_TIMEOUT").is_some() {
+                config.case_timeout = c.case_timeout;
+            }
+            config.forward_stderr = c.forward_stderr;
+        }
+        let name = format!("cuda:{}", v.short_name());
+        match ExecKernel::start(name, config) {
+            Ok(k) => Ok(Box::new(k)),
+            Err(RunError::Crash(m) | RunError::Environment(m) | RunError::Skipped(m)) => Err(m),
+        }
     }
 }
 
