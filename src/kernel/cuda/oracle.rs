@@ -48,7 +48,11 @@ pub fn compute_timed(case: &Case, placement: ScalePlacement) -> Result<(Referenc
         let f = gpu
             .function(Program::Oracle, "oracle_f64", &vec![("DD".into(), s.head_dim.to_string())])
             .map_err(GpuFailure::Environment)?;
-        let smem = ((s.heads * (s.head_dim + 4) + 256 + s.heads + 4 * 128) * 8) as u32;
+        // Query rows at a time: as many as fit in ~80 KiB (three CTAs per SM), at least one.
+        let row_bytes = s.heads * (s.head_dim + 4) * 4 + s.heads * 8;
+        let fixed = (256 + 4 * 128) * 8;
+        let nr = ((80 * 1024 - fixed) / row_bytes).clamp(1, s.next_n);
+        let smem = (fixed + nr * row_bytes) as u32;
         if smem > gpu.max_smem_optin {
             return Err(GpuFailure::OutOfMemory(format!("GPU oracle needs {smem} bytes of shared memory")));
         }
@@ -58,13 +62,15 @@ pub fn compute_timed(case: &Case, placement: ScalePlacement) -> Result<(Referenc
         let value = DeviceMemory::alloc(total.max(1) * 8).map_err(failure)?;
         let mag = DeviceMemory::alloc(total.max(1) * 8).map_err(failure)?;
         let max_tok = (0..s.batch).map(|b| case.seq_tokens(b)).max().unwrap_or(0);
-        let gx = max_tok.div_ceil(64).clamp(1, 65535) as u32;
+        // Each CTA takes up to 8 chunks of 64 tokens of one sequence (queries decoded once).
+        let gx = max_tok.div_ceil(64).div_ceil(8).clamp(1, 65535) as u32;
         let gy = s.batch.clamp(1, 65535) as u32;
         let mut p = dc.params;
         let mut inside = (placement == ScalePlacement::InsideRelu) as i32;
+        let mut nr = nr as i32;
         let timer = Timer::new().map_err(failure)?;
         timer.start().map_err(failure)?;
-        launch(&f, (gx, gy, 1), 128, smem, &mut [&mut p, &mut off_mem.ptr(), &mut value.ptr(), &mut mag.ptr(), &mut inside])?;
+        launch(&f, (gx, gy, 1), 128, smem, &mut [&mut p, &mut off_mem.ptr(), &mut value.ptr(), &mut mag.ptr(), &mut inside, &mut nr])?;
         timer.stop().map_err(failure)?;
         let ms = timer.elapsed_ms().map_err(failure)?;
         gpu.ctx.synchronize().map_err(failure)?;
