@@ -53,15 +53,37 @@ fn kernels_lists_every_cuda_kernel_with_its_availability() {
     let out = bin().args(["kernels", "--json"]).output().unwrap();
     assert!(out.status.success());
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let cuda: Vec<&serde_json::Value> = v.as_array().unwrap().iter().filter(|e| e["name"].as_str().unwrap().starts_with("cuda:")).collect();
-    for name in ["cuda:naive", "cuda:tiled", "cuda:bug-offset32-kv", "cuda:bug-offset32-out"] {
-        assert!(cuda.iter().any(|e| e["name"] == name), "{name} missing from `kernels`");
+    let cuda: Vec<&serde_json::Value> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["name"].as_str().unwrap().starts_with("cuda:"))
+        .collect();
+    for name in [
+        "cuda:naive",
+        "cuda:tiled",
+        "cuda:bug-offset32-kv",
+        "cuda:bug-offset32-out",
+    ] {
+        assert!(
+            cuda.iter().any(|e| e["name"] == name),
+            "{name} missing from `kernels`"
+        );
     }
-    assert!(!v.as_array().unwrap().iter().any(|e| e["name"].as_str().unwrap().starts_with("cuda-direct:")), "cuda-direct kernels are not listed");
+    assert!(
+        !v.as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["name"].as_str().unwrap().starts_with("cuda-direct:")),
+        "cuda-direct kernels are not listed"
+    );
     if gpu().is_none() {
         for e in &cuda {
             assert_eq!(e["available"], false);
-            assert!(e["unavailable_reason"].as_str().unwrap().contains("CUDA") || e["unavailable_reason"].as_str().unwrap().contains("GPU"));
+            assert!(
+                e["unavailable_reason"].as_str().unwrap().contains("CUDA")
+                    || e["unavailable_reason"].as_str().unwrap().contains("GPU")
+            );
         }
     }
 }
@@ -75,16 +97,31 @@ fn asking_for_a_cuda_kernel_without_a_gpu_is_an_environment_error() {
     let dir = tempfile::tempdir().unwrap();
     let case = recipe(vec![40], 1).materialize();
     let path = dir.path().join("c.json");
-    let file = mqa_fuzz::case::CaseFile { provenance: Default::default(), expected: Default::default(), case };
+    let file = mqa_fuzz::case::CaseFile {
+        provenance: Default::default(),
+        expected: Default::default(),
+        case,
+    };
     mqa_fuzz::case::save_case_file(&path, &file).unwrap();
     for k in ["cuda:tiled", "cuda-direct:naive"] {
-        let out = bin().args(["replay", path.to_str().unwrap(), "--kernel", k]).output().unwrap();
-        assert_eq!(out.status.code(), Some(3), "{k}: {}", String::from_utf8_lossy(&out.stderr));
+        let out = bin()
+            .args(["replay", path.to_str().unwrap(), "--kernel", k])
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(3),
+            "{k}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
         assert!(err.contains("not available"), "{err}");
     }
-    let out = bin().args(["replay", path.to_str().unwrap(), "--kernel", "cuda:no-such"]).output().unwrap();
+    let out = bin()
+        .args(["replay", path.to_str().unwrap(), "--kernel", "cuda:no-such"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(2));
 }
 

@@ -109,30 +109,72 @@ pub fn random_recipe(seed: u64, hostile: bool) -> Recipe {
         (base as i64 + rng.random_range(-1..=1i64)).max(0) as usize
     };
     let lens = if pick(&mut rng, 3) == 0 {
-        LensRecipe::PerToken((0..batch).map(|_| (0..next_n).map(|_| edge(&mut rng)).collect()).collect())
+        LensRecipe::PerToken(
+            (0..batch)
+                .map(|_| (0..next_n).map(|_| edge(&mut rng)).collect())
+                .collect(),
+        )
     } else {
         LensRecipe::PerSequence((0..batch).map(|_| edge(&mut rng)).collect())
     };
     let mut r = recipe(heads, head_dim, next_n, lens, seed);
     r.block_size = block_size;
-    r.layout = if block_size % 16 == 0 && pick(&mut rng, 2) == 0 { ValueLayout::Shuffle16 } else { ValueLayout::Normal };
+    r.layout = if block_size % 16 == 0 && pick(&mut rng, 2) == 0 {
+        ValueLayout::Shuffle16
+    } else {
+        ValueLayout::Normal
+    };
     r.format = Fp8Format::ALL[pick(&mut rng, 2)];
-    r.table_order = [TableOrder::Sequential, TableOrder::Permuted, TableOrder::Reversed, TableOrder::SharedPrefix][pick(&mut rng, 4)];
-    r.padding = [Padding::Zero, Padding::MinusOne, Padding::Huge, Padding::Garbage][pick(&mut rng, 4)];
+    r.table_order = [
+        TableOrder::Sequential,
+        TableOrder::Permuted,
+        TableOrder::Reversed,
+        TableOrder::SharedPrefix,
+    ][pick(&mut rng, 4)];
+    r.padding = [
+        Padding::Zero,
+        Padding::MinusOne,
+        Padding::Huge,
+        Padding::Garbage,
+    ][pick(&mut rng, 4)];
     r.kv_stride_pad = 4 * pick(&mut rng, 5) as u64;
     r.out_stride_pad = pick(&mut rng, 40);
     r.model_len_slack = pick(&mut rng, 300);
-    r.offsets = [OffsetClass::Low, OffsetClass::Low, OffsetClass::Low, OffsetClass::Around2G, OffsetClass::Around4G][pick(&mut rng, 5)];
-    let kinds = [ValueKind::Pipeline, ValueKind::UniformCodes, ValueKind::Extreme, ValueKind::ReluBoundary, ValueKind::AllNegative];
-    r.values = if hostile && pick(&mut rng, 4) == 0 { ValueKind::Hostile } else { kinds[pick(&mut rng, kinds.len())] };
+    r.offsets = [
+        OffsetClass::Low,
+        OffsetClass::Low,
+        OffsetClass::Low,
+        OffsetClass::Around2G,
+        OffsetClass::Around4G,
+    ][pick(&mut rng, 5)];
+    let kinds = [
+        ValueKind::Pipeline,
+        ValueKind::UniformCodes,
+        ValueKind::Extreme,
+        ValueKind::ReluBoundary,
+        ValueKind::AllNegative,
+    ];
+    r.values = if hostile && pick(&mut rng, 4) == 0 {
+        ValueKind::Hostile
+    } else {
+        kinds[pick(&mut rng, kinds.len())]
+    };
     r
 }
 
 /// The production case of the performance target: B=64, N=2, H=64, D=128, block 64,
 /// context 32768 ± 30%.
-pub fn production_recipe(batch: usize, next_n: usize, ctx: usize, spread: f64, seed: u64) -> Recipe {
+pub fn production_recipe(
+    batch: usize,
+    next_n: usize,
+    ctx: usize,
+    spread: f64,
+    seed: u64,
+) -> Recipe {
     let mut rng = rng_for(seed);
-    let lens: Vec<usize> = (0..batch).map(|_| ((ctx as f64) * (1.0 + spread * rng.random_range(-1.0..1.0f64))) as usize).collect();
+    let lens: Vec<usize> = (0..batch)
+        .map(|_| ((ctx as f64) * (1.0 + spread * rng.random_range(-1.0..1.0f64))) as usize)
+        .collect();
     let mut r = recipe(64, 128, next_n, seqs(&lens), seed);
     r.block_size = 64;
     r.kv_stride_pad = 0;
@@ -156,10 +198,18 @@ pub fn precompile(arch: &str) -> Result<usize, String> {
     for dd in [64, 128] {
         one(Program::Oracle, vec![("DD".into(), dd.to_string())])?;
     }
-    let mut cases: Vec<Case> = (0..48).map(|k| shape_case(k)).collect();
-    cases.extend(Plant::ALL.into_iter().map(|p| bug_recipe(p).materialize_small()));
+    let mut cases: Vec<Case> = (0..48).map(shape_case).collect();
+    cases.extend(
+        Plant::ALL
+            .into_iter()
+            .map(|p| bug_recipe(p).materialize_small()),
+    );
     for (k, c) in cases.iter().enumerate() {
-        let variants: Vec<Variant> = if k < 48 { vec![Variant::Tiled(None)] } else { vec![Variant::Tiled(Some(Plant::ALL[k - 48]))] };
+        let variants: Vec<Variant> = if k < 48 {
+            vec![Variant::Tiled(None)]
+        } else {
+            vec![Variant::Tiled(Some(Plant::ALL[k - 48]))]
+        };
         for v in variants {
             one(Program::Tiled, v.defines_for(c))?;
         }
@@ -169,7 +219,13 @@ pub fn precompile(arch: &str) -> Result<usize, String> {
 
 /// A tiny case of tiled shape number k (all 48 combinations of N, H, D, format).
 fn shape_case(k: usize) -> Case {
-    let mut r = recipe([32, 64, 128][k % 3], [64, 128][(k / 3) % 2], 1 + (k / 6) % 4, seqs(&[1]), 1);
+    let mut r = recipe(
+        [32, 64, 128][k % 3],
+        [64, 128][(k / 3) % 2],
+        1 + (k / 6) % 4,
+        seqs(&[1]),
+        1,
+    );
     r.format = Fp8Format::ALL[(k / 24) % 2];
     r.materialize()
 }
@@ -214,7 +270,12 @@ pub fn copy_bandwidth(bytes: u64) -> Result<f64, String> {
 
 /// Median kernel time of `variant` on `case` over `reps` launches (after one warm-up),
 /// with the output copied back from the last launch.
-pub fn time_variant(variant: Variant, case: &Case, out: &mut OutputBuffer, reps: usize) -> Result<Duration, String> {
+pub fn time_variant(
+    variant: Variant,
+    case: &Case,
+    out: &mut OutputBuffer,
+    reps: usize,
+) -> Result<Duration, String> {
     with_gpu(|gpu| {
         let mut dc = DeviceCase::upload(gpu, case, out)?;
         let timer = Timer::new().map_err(failure)?;
@@ -237,8 +298,16 @@ pub fn time_variant(variant: Variant, case: &Case, out: &mut OutputBuffer, reps:
 pub fn selfcheck(cases: usize, oracle_cases: usize) -> Result<i32, Fatal> {
     device::availability().map_err(Fatal::environment)?;
     let mut failures = 0usize;
-    let info = with_gpu(|g| Ok(format!("{} (sm arch {}, {} SMs, {:.1} GiB)", g.name, g.arch, g.sms, g.ctx.total_mem().unwrap_or(0) as f64 / (1u64 << 30) as f64)))
-        .map_err(|e| Fatal::environment(format!("{e:?}")))?;
+    let info = with_gpu(|g| {
+        Ok(format!(
+            "{} (sm arch {}, {} SMs, {:.1} GiB)",
+            g.name,
+            g.arch,
+            g.sms,
+            g.ctx.total_mem().unwrap_or(0) as f64 / (1u64 << 30) as f64
+        ))
+    })
+    .map_err(|e| Fatal::environment(format!("{e:?}")))?;
     line(format!("device: {info}"));
     let cfg = OracleConfig::default();
 
@@ -264,7 +333,11 @@ pub fn selfcheck(cases: usize, oracle_cases: usize) -> Result<i32, Fatal> {
                 }
             } else {
                 failures += 1;
-                line(format!("  FAIL {} seed {seed}: {}", k.name(), crate::cli::verdict_line(v)));
+                line(format!(
+                    "  FAIL {} seed {seed}: {}",
+                    k.name(),
+                    crate::cli::verdict_line(v)
+                ));
             }
         }
         line(format!(
@@ -289,11 +362,20 @@ pub fn selfcheck(cases: usize, oracle_cases: usize) -> Result<i32, Fatal> {
         if !caught {
             failures += 1;
         }
-        let mem = v.run.device_bytes.map(|b| format!(", {:.2} GiB on device", b as f64 / (1u64 << 30) as f64)).unwrap_or_default();
-        line(format!("{name:32} {} {}{mem}", if caught { "caught:" } else { "MISSED:" }, crate::cli::verdict_line(v)));
+        let mem = v
+            .run
+            .device_bytes
+            .map(|b| format!(", {:.2} GiB on device", b as f64 / (1u64 << 30) as f64))
+            .unwrap_or_default();
+        line(format!(
+            "{name:32} {} {}{mem}",
+            if caught { "caught:" } else { "MISSED:" },
+            crate::cli::verdict_line(v)
+        ));
     }
     // The clean kernel on the same cases must be clean (the findings are the bugs').
-    let clean_k = crate::kernel::open("cuda:tiled").map_err(|e| Fatal::environment(e.to_string()))?;
+    let clean_k =
+        crate::kernel::open("cuda:tiled").map_err(|e| Fatal::environment(e.to_string()))?;
     for p in Plant::ALL {
         let case = bug_recipe(p).materialize();
         let mut refs = ReferenceCache::new(&case);
@@ -301,7 +383,11 @@ pub fn selfcheck(cases: usize, oracle_cases: usize) -> Result<i32, Fatal> {
         if !v.is_clean() {
             failures += 1;
         }
-        line(format!("cuda:tiled on the {} case: {}", p.name(), crate::cli::verdict_line(&v)));
+        line(format!(
+            "cuda:tiled on the {} case: {}",
+            p.name(),
+            crate::cli::verdict_line(&v)
+        ));
     }
 
     // 3. GPU oracle bit-identical to the CPU reference.
@@ -322,7 +408,10 @@ pub fn selfcheck(cases: usize, oracle_cases: usize) -> Result<i32, Fatal> {
                 }
                 Ok(_) => {
                     failures += 1;
-                    line(format!("  FAIL GPU oracle differs from the CPU reference, seed {seed}, {}", placement.name()));
+                    line(format!(
+                        "  FAIL GPU oracle differs from the CPU reference, seed {seed}, {}",
+                        placement.name()
+                    ));
                     break;
                 }
                 Err(e) => {
@@ -344,15 +433,33 @@ pub fn selfcheck(cases: usize, oracle_cases: usize) -> Result<i32, Fatal> {
             line(format!("  FAIL production case: {e}"));
         }
     }
-    line(format!("selfcheck: {}", if failures == 0 { "PASS".to_string() } else { format!("{failures} FAILURE(S)") }));
-    Ok(if failures == 0 { exit::CLEAN } else { exit::FINDINGS })
+    line(format!(
+        "selfcheck: {}",
+        if failures == 0 {
+            "PASS".to_string()
+        } else {
+            format!("{failures} FAILURE(S)")
+        }
+    ));
+    Ok(if failures == 0 {
+        exit::CLEAN
+    } else {
+        exit::FINDINGS
+    })
 }
 
 fn bit_identical(a: &reference::Reference, b: &reference::Reference) -> bool {
     let same = |x: f64, y: f64| x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan());
     a.rows.len() == b.rows.len()
         && a.rows.iter().zip(&b.rows).all(|(x, y)| match (x, y) {
-            (Some(x), Some(y)) => x.value.len() == y.value.len() && x.value.iter().zip(&y.value).all(|(p, q)| same(*p, *q)) && x.relu_mag.iter().zip(&y.relu_mag).all(|(p, q)| same(*p, *q)),
+            (Some(x), Some(y)) => {
+                x.value.len() == y.value.len()
+                    && x.value.iter().zip(&y.value).all(|(p, q)| same(*p, *q))
+                    && x.relu_mag
+                        .iter()
+                        .zip(&y.relu_mag)
+                        .all(|(p, q)| same(*p, *q))
+            }
             _ => false,
         })
 }
@@ -377,7 +484,11 @@ fn observed_rel(case: &Case, out: &OutputBuffer) -> f64 {
 /// Runs and times the production case; prints one line per measurement.
 fn production(cfg: &OracleConfig) -> Result<bool, String> {
     let case = production_recipe(64, 2, 32768, 0.3, 42).materialize();
-    let r = bench_one("production B=64 N=2 H=64 D=128 bs=64 ctx 32768+-30%", &case, cfg)?;
+    let r = bench_one(
+        "production B=64 N=2 H=64 D=128 bs=64 ctx 32768+-30%",
+        &case,
+        cfg,
+    )?;
     Ok(r)
 }
 
@@ -392,7 +503,11 @@ fn bench_one(label: &str, case: &Case, cfg: &OracleConfig) -> Result<bool, Strin
     let mut out = OutputBuffer::for_case(case);
     let kt = time_variant(Variant::Tiled(None), case, &mut out, 20)?;
     let ks = kt.as_secs_f64();
-    line(format!("{label}: {tokens} tokens, {valid} logits, {:.1} GFLOP, {:.0} MB of KV", flop / 1e9, kv_bytes / 1e6));
+    line(format!(
+        "{label}: {tokens} tokens, {valid} logits, {:.1} GFLOP, {:.0} MB of KV",
+        flop / 1e9,
+        kv_bytes / 1e6
+    ));
     line(format!(
         "  cuda:tiled kernel {:.3} ms (median of 20): {:.0} TFLOP/s, KV {:.2} TB/s = {:.0}% of copy bandwidth {:.2} TB/s",
         ks * 1e3,
@@ -415,9 +530,16 @@ fn bench_one(label: &str, case: &Case, cfg: &OracleConfig) -> Result<bool, Strin
         valid as f64 / (gwall + cwall).as_secs_f64()
     ));
     let k = CudaDirect::new(Variant::Tiled(None));
-    let info = crate::kernel::RunInfo { kernel_time: Some(kt), inputs_intact: Some(true), device_bytes: None };
+    let info = crate::kernel::RunInfo {
+        kernel_time: Some(kt),
+        inputs_intact: Some(true),
+        device_bytes: None,
+    };
     let v = crate::oracle::judge(case, &gref, k.capabilities(), Ok((&info, &out)), cfg);
-    line(format!("  cuda:tiled verdict against the GPU oracle: {}", crate::cli::verdict_line(&v)));
+    line(format!(
+        "  cuda:tiled verdict against the GPU oracle: {}",
+        crate::cli::verdict_line(&v)
+    ));
     Ok(v.is_clean())
 }
 
@@ -426,16 +548,32 @@ pub fn bench_oracle() -> Result<i32, Fatal> {
     device::availability().map_err(Fatal::environment)?;
     let cfg = OracleConfig::default();
     let cases = [
-        ("production B=64 N=2 H=64 D=128 bs=64 ctx 32768+-30%", production_recipe(64, 2, 32768, 0.3, 42)),
-        ("small batch B=1 N=1 ctx 65536", production_recipe(1, 1, 65536, 0.0, 43)),
-        ("large batch B=256 N=1 ctx 512", production_recipe(256, 1, 512, 0.0, 44)),
+        (
+            "production B=64 N=2 H=64 D=128 bs=64 ctx 32768+-30%",
+            production_recipe(64, 2, 32768, 0.3, 42),
+        ),
+        (
+            "small batch B=1 N=1 ctx 65536",
+            production_recipe(1, 1, 65536, 0.0, 43),
+        ),
+        (
+            "large batch B=256 N=1 ctx 512",
+            production_recipe(256, 1, 512, 0.0, 44),
+        ),
     ];
     let mut all_clean = true;
     for (label, r) in cases {
         let t = Instant::now();
         let case = r.materialize();
-        line(format!("{label}: materialized in {:.1}s", t.elapsed().as_secs_f64()));
+        line(format!(
+            "{label}: materialized in {:.1}s",
+            t.elapsed().as_secs_f64()
+        ));
         all_clean &= bench_one(label, &case, &cfg).map_err(Fatal::environment)?;
     }
-    Ok(if all_clean { exit::CLEAN } else { exit::FINDINGS })
+    Ok(if all_clean {
+        exit::CLEAN
+    } else {
+        exit::FINDINGS
+    })
 }

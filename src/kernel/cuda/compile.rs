@@ -23,7 +23,12 @@ pub enum Program {
 }
 
 impl Program {
-    pub const ALL: [Program; 4] = [Program::Util, Program::Naive, Program::Tiled, Program::Oracle];
+    pub const ALL: [Program; 4] = [
+        Program::Util,
+        Program::Naive,
+        Program::Tiled,
+        Program::Oracle,
+    ];
 
     pub fn file(self) -> &'static str {
         match self {
@@ -71,15 +76,28 @@ pub fn cache_dir() -> Option<PathBuf> {
 /// The CUDA include directory NVRTC gets (`CUDA_HOME`, `CUDA_PATH`, `/usr/local/cuda`).
 /// Our kernels include nothing, but headers are passed so edits may.
 fn include_dir() -> Option<String> {
-    let roots = [std::env::var("CUDA_HOME").ok(), std::env::var("CUDA_PATH").ok(), Some("/usr/local/cuda".into())];
-    roots.into_iter().flatten().map(|r| format!("{r}/include")).find(|p| std::path::Path::new(p).is_dir())
+    let roots = [
+        std::env::var("CUDA_HOME").ok(),
+        std::env::var("CUDA_PATH").ok(),
+        Some("/usr/local/cuda".into()),
+    ];
+    roots
+        .into_iter()
+        .flatten()
+        .map(|r| format!("{r}/include"))
+        .find(|p| std::path::Path::new(p).is_dir())
 }
 
 /// The cubin of `program` with `defines` for `arch` (e.g. `sm_90a`): from the disk
 /// cache, or compiled now. `Err` holds NVRTC's log (an environment error).
 pub fn cubin(program: Program, arch: &str, defines: &Defines) -> Result<Vec<u8>, String> {
     let def_text: String = defines.iter().map(|(k, v)| format!("{k}={v};")).collect();
-    let key = fnv1a(&[COMMON.as_bytes(), program.source().as_bytes(), arch.as_bytes(), def_text.as_bytes()]);
+    let key = fnv1a(&[
+        COMMON.as_bytes(),
+        program.source().as_bytes(),
+        arch.as_bytes(),
+        def_text.as_bytes(),
+    ]);
     let stem = program.file().trim_end_matches(".cu");
     let file = cache_dir().map(|d| d.join(format!("{stem}-{arch}-{key:016x}.cubin")));
     if let Some(f) = &file {
@@ -90,9 +108,16 @@ pub fn cubin(program: Program, arch: &str, defines: &Defines) -> Result<Vec<u8>,
         }
     }
     if !sys::nvrtc_present() {
-        return Err("libnvrtc not found (install the CUDA toolkit's NVRTC or add it to LD_LIBRARY_PATH)".into());
+        return Err(
+            "libnvrtc not found (install the CUDA toolkit's NVRTC or add it to LD_LIBRARY_PATH)"
+                .into(),
+        );
     }
-    let mut opts = vec![format!("--gpu-architecture={arch}"), "-std=c++17".to_string(), "--ptxas-options=-v".to_string()];
+    let mut opts = vec![
+        format!("--gpu-architecture={arch}"),
+        "-std=c++17".to_string(),
+        "--ptxas-options=-v".to_string(),
+    ];
     if let Some(inc) = include_dir() {
         opts.push(format!("--include-path={inc}"));
     }
@@ -100,8 +125,13 @@ pub fn cubin(program: Program, arch: &str, defines: &Defines) -> Result<Vec<u8>,
         opts.push(format!("-D{k}={v}"));
     }
     let source = format!("{COMMON}\n{}", program.source());
-    let bin = sys::nvrtc_compile(&source, program.file(), &opts)
-        .map_err(|log| format!("NVRTC failed to compile kernels/{} for {arch} with [{}]: {log}", program.file(), def_text))?;
+    let bin = sys::nvrtc_compile(&source, program.file(), &opts).map_err(|log| {
+        format!(
+            "NVRTC failed to compile kernels/{} for {arch} with [{}]: {log}",
+            program.file(),
+            def_text
+        )
+    })?;
     if let Some(f) = &file {
         if let Some(dir) = f.parent() {
             let _ = std::fs::create_dir_all(dir);

@@ -27,27 +27,52 @@ pub struct Gpu {
 impl Gpu {
     fn open(ordinal: usize) -> Result<Gpu, String> {
         let ctx = Context::new(ordinal)?;
-        let major = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
-        let minor = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
-        let sms = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
-        let max_smem_optin = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as u32;
+        let major =
+            ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+        let minor =
+            ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+        let sms =
+            ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
+        let max_smem_optin = ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
+            as u32;
         if major * 10 + minor < 89 {
             return Err(format!("compute capability {major}.{minor}: the kernels need fp8 tensor cores (8.9 or newer)"));
         }
         // Architecture-specific targets (sm_90a, sm_100a) unlock the chip's own instructions.
-        let arch = if major >= 9 { format!("sm_{major}{minor}a") } else { format!("sm_{major}{minor}") };
-        Ok(Gpu { name: ctx.name(), ctx, ordinal, arch, sms, max_smem_optin, functions: HashMap::new() })
+        let arch = if major >= 9 {
+            format!("sm_{major}{minor}a")
+        } else {
+            format!("sm_{major}{minor}")
+        };
+        Ok(Gpu {
+            name: ctx.name(),
+            ctx,
+            ordinal,
+            arch,
+            sms,
+            max_smem_optin,
+            functions: HashMap::new(),
+        })
     }
 
     /// A kernel function of a program variant, compiled (or loaded from the cache) once.
-    pub fn function(&mut self, program: Program, name: &str, defines: &Defines) -> Result<Arc<Function>, String> {
+    pub fn function(
+        &mut self,
+        program: Program,
+        name: &str,
+        defines: &Defines,
+    ) -> Result<Arc<Function>, String> {
         let def_key: String = defines.iter().map(|(k, v)| format!("{k}={v};")).collect();
         let key = (program, name.to_string(), def_key);
         if let Some(f) = self.functions.get(&key) {
             return Ok(f.clone());
         }
         let bin = compile::cubin(program, &self.arch, defines)?;
-        let f = Arc::new(Function::load(&bin, name).map_err(|e| format!("loading {name} from kernels/{}: {e}", program.file()))?);
+        let f = Arc::new(
+            Function::load(&bin, name)
+                .map_err(|e| format!("loading {name} from kernels/{}: {e}", program.file()))?,
+        );
         self.functions.insert(key, f.clone());
         Ok(f)
     }
@@ -60,7 +85,10 @@ pub fn availability() -> Result<usize, String> {
         return Err("no CUDA driver (libcuda.so not found)".into());
     }
     if !sys::nvrtc_present() {
-        return Err("no NVRTC (libnvrtc.so not found; install the CUDA toolkit or set LD_LIBRARY_PATH)".into());
+        return Err(
+            "no NVRTC (libnvrtc.so not found; install the CUDA toolkit or set LD_LIBRARY_PATH)"
+                .into(),
+        );
     }
     match sys::device_count() {
         Ok(0) => Err("the CUDA driver sees no GPU".into()),
@@ -110,7 +138,9 @@ pub fn with_gpu<T>(f: impl FnOnce(&mut Gpu) -> Result<T, GpuFailure>) -> Result<
     if let Err(GpuFailure::Fault(m)) = &r {
         FAULTED.store(true, std::sync::atomic::Ordering::SeqCst);
         if std::env::var_os(EXIT_ON_FAULT).is_some() {
-            eprintln!("mqa-fuzz cuda worker: kernel fault, exiting so the pool restarts this worker: {m}");
+            eprintln!(
+                "mqa-fuzz cuda worker: kernel fault, exiting so the pool restarts this worker: {m}"
+            );
             std::process::exit(70);
         }
         // Drop modules and buffers while the handles are still known (frees fail harmlessly).

@@ -9,7 +9,9 @@ use super::sys::{DeviceMemory, Timer};
 use crate::case::{Case, ScalePlacement};
 use crate::fp8::Fp8Format;
 use crate::kernel::cpu::Plant;
-use crate::kernel::{Accumulation, BlockSizes, Capabilities, Kernel, OutputBuffer, RunError, RunInfo};
+use crate::kernel::{
+    Accumulation, BlockSizes, Capabilities, Kernel, OutputBuffer, RunError, RunInfo,
+};
 use std::time::Duration;
 
 /// Relative accumulation error declared by `cuda:tiled` (multiplies Σ_d |q_d k_d|).
@@ -81,10 +83,16 @@ impl Variant {
             ("NN".into(), s.next_n.to_string()),
             ("HH".into(), s.heads.to_string()),
             ("DD".into(), s.head_dim.to_string()),
-            ("FNUZ".into(), ((s.format == Fp8Format::E4m3fnuz) as u8).to_string()),
+            (
+                "FNUZ".into(),
+                ((s.format == Fp8Format::E4m3fnuz) as u8).to_string(),
+            ),
         ];
         if let Variant::Tiled(Some(p)) = self {
-            d.push((format!("BUG_{}", p.name().to_uppercase().replace('-', "_")), "1".into()));
+            d.push((
+                format!("BUG_{}", p.name().to_uppercase().replace('-', "_")),
+                "1".into(),
+            ));
         }
         d
     }
@@ -99,7 +107,11 @@ pub struct CudaDirect {
 
 impl CudaDirect {
     pub fn new(variant: Variant) -> Self {
-        CudaDirect { name: format!("cuda-direct:{}", variant.short_name()), variant, caps: variant.capabilities() }
+        CudaDirect {
+            name: format!("cuda-direct:{}", variant.short_name()),
+            variant,
+            caps: variant.capabilities(),
+        }
     }
 }
 
@@ -111,12 +123,23 @@ fn tiled_smem(case: &Case) -> u32 {
 }
 
 /// Launches the kernel of `variant` on an uploaded case (between the timer's events).
-pub fn launch_variant(gpu: &mut Gpu, variant: Variant, case: &Case, dc: &mut DeviceCase, timer: &Timer) -> Result<(), GpuFailure> {
+pub fn launch_variant(
+    gpu: &mut Gpu,
+    variant: Variant,
+    case: &Case,
+    dc: &mut DeviceCase,
+    timer: &Timer,
+) -> Result<(), GpuFailure> {
     let env = GpuFailure::Environment;
     match variant {
         Variant::Naive => {
-            let f = gpu.function(Program::Naive, "naive_logits", &vec![]).map_err(env)?;
-            let max_len = (0..case.rows()).map(|r| case.valid_len(r)).max().unwrap_or(0);
+            let f = gpu
+                .function(Program::Naive, "naive_logits", &vec![])
+                .map_err(env)?;
+            let max_len = (0..case.rows())
+                .map(|r| case.valid_len(r))
+                .max()
+                .unwrap_or(0);
             let gx = max_len.div_ceil(128).clamp(1, 65535) as u32;
             let gy = case.rows().clamp(1, 65535) as u32;
             let mut p = dc.params;
@@ -126,11 +149,18 @@ pub fn launch_variant(gpu: &mut Gpu, variant: Variant, case: &Case, dc: &mut Dev
         }
         Variant::Tiled(_) => {
             let defines = variant.defines_for(case);
-            let sched = gpu.function(Program::Tiled, "tiled_schedule", &defines).map_err(env)?;
-            let main = gpu.function(Program::Tiled, "tiled_logits", &defines).map_err(env)?;
+            let sched = gpu
+                .function(Program::Tiled, "tiled_schedule", &defines)
+                .map_err(env)?;
+            let main = gpu
+                .function(Program::Tiled, "tiled_logits", &defines)
+                .map_err(env)?;
             let smem = tiled_smem(case);
             if smem > gpu.max_smem_optin {
-                return Err(GpuFailure::OutOfMemory(format!("needs {smem} bytes of shared memory, the GPU allows {}", gpu.max_smem_optin)));
+                return Err(GpuFailure::OutOfMemory(format!(
+                    "needs {smem} bytes of shared memory, the GPU allows {}",
+                    gpu.max_smem_optin
+                )));
             }
             if smem > 48 * 1024 {
                 main.set_max_dynamic_smem(smem).map_err(failure)?;
@@ -142,7 +172,13 @@ pub fn launch_variant(gpu: &mut Gpu, variant: Variant, case: &Case, dc: &mut Dev
             let mut prefix_ptr = prefix.ptr();
             timer.start().map_err(failure)?;
             launch(&sched, (1, 1, 1), 1024, 0, &mut [&mut p, &mut prefix_ptr])?;
-            launch(&main, (p.num_workers as u32, 1, 1), 128, smem, &mut [&mut p, &mut prefix_ptr])?;
+            launch(
+                &main,
+                (p.num_workers as u32, 1, 1),
+                128,
+                smem,
+                &mut [&mut p, &mut prefix_ptr],
+            )?;
             timer.stop().map_err(failure)?;
             gpu.ctx.synchronize().map_err(failure)?;
             drop(prefix);
@@ -152,7 +188,11 @@ pub fn launch_variant(gpu: &mut Gpu, variant: Variant, case: &Case, dc: &mut Dev
 }
 
 /// Runs `variant` on `case` into `out`: the whole device-side protocol of a case.
-pub fn run_variant(variant: Variant, case: &Case, out: &mut OutputBuffer) -> Result<RunInfo, RunError> {
+pub fn run_variant(
+    variant: Variant,
+    case: &Case,
+    out: &mut OutputBuffer,
+) -> Result<RunInfo, RunError> {
     let r = with_gpu(|gpu| {
         let mut dc = DeviceCase::upload(gpu, case, out)?;
         let before = dc.input_hashes(gpu)?;

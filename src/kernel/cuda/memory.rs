@@ -93,7 +93,10 @@ fn i32_inputs(case: &Case) -> Result<(Vec<i32>, Vec<i32>), String> {
         ContextLens::PerSequence(v) => v.clone(),
         ContextLens::PerToken(v) => v.iter().flatten().copied().collect(),
     };
-    let lens = lens.into_iter().map(|l| i32::try_from(l).map_err(|_| format!("context length {l} does not fit int32"))).collect::<Result<_, _>>()?;
+    let lens = lens
+        .into_iter()
+        .map(|l| i32::try_from(l).map_err(|_| format!("context length {l} does not fit int32")))
+        .collect::<Result<_, _>>()?;
     Ok((table, lens))
 }
 
@@ -108,11 +111,21 @@ impl DeviceCase {
     /// Device memory the case needs (before allocating), for the fit check.
     pub fn bytes_needed(case: &Case, out: &OutputBuffer) -> u64 {
         let (raw, _) = out.raw();
-        (raw.len() as u64 * 4) + case.kv_cache_bytes() + case.q.len() as u64 + case.weights.len() as u64 * 4 + case.block_table.entries.len() as u64 * 4 + 4 * (case.rows() as u64 + 64) + 4096
+        (raw.len() as u64 * 4)
+            + case.kv_cache_bytes()
+            + case.q.len() as u64
+            + case.weights.len() as u64 * 4
+            + case.block_table.entries.len() as u64 * 4
+            + 4 * (case.rows() as u64 + 64)
+            + 4096
     }
 
     /// Uploads `case` and the poisoned `out`.
-    pub fn upload(gpu: &mut Gpu, case: &Case, out: &OutputBuffer) -> Result<DeviceCase, GpuFailure> {
+    pub fn upload(
+        gpu: &mut Gpu,
+        case: &Case,
+        out: &OutputBuffer,
+    ) -> Result<DeviceCase, GpuFailure> {
         let s = &case.shape;
         let (table, lens) = i32_inputs(case).map_err(GpuFailure::OutOfMemory)?;
         let need = Self::bytes_needed(case, out);
@@ -134,8 +147,12 @@ impl DeviceCase {
 
         let kv_bytes = case.kv_cache_bytes();
         let kv = alloc(pad16(kv_bytes))?;
-        let util_poison = gpu.function(Program::Util, "poison_kv", &vec![]).map_err(GpuFailure::Environment)?;
-        let util_scatter = gpu.function(Program::Util, "scatter_blocks", &vec![]).map_err(GpuFailure::Environment)?;
+        let util_poison = gpu
+            .function(Program::Util, "poison_kv", &vec![])
+            .map_err(GpuFailure::Environment)?;
+        let util_scatter = gpu
+            .function(Program::Util, "scatter_blocks", &vec![])
+            .map_err(GpuFailure::Environment)?;
         let values_end = (s.block_size * s.head_dim) as u64;
         let scales_end = values_end + 4 * s.block_size as u64;
         let nan = match s.format {
@@ -144,7 +161,20 @@ impl DeviceCase {
         };
         let stride = case.kv_block_stride;
         let grid = case.num_blocks.clamp(1, 65535) as u32;
-        launch(&util_poison, (grid, 1, 1), 256, 0, &mut [&mut kv.ptr(), &mut case.num_blocks.clone(), &mut stride.clone(), &mut values_end.clone(), &mut scales_end.clone(), &mut nan.clone()])?;
+        launch(
+            &util_poison,
+            (grid, 1, 1),
+            256,
+            0,
+            &mut [
+                &mut kv.ptr(),
+                &mut case.num_blocks.clone(),
+                &mut stride.clone(),
+                &mut values_end.clone(),
+                &mut scales_end.clone(),
+                &mut nan.clone(),
+            ],
+        )?;
         // Referenced blocks, packed, then scattered to their slots.
         let block_bytes = s.block_bytes() as u64;
         let ids: Vec<u64> = case.kv.blocks.keys().copied().collect();
@@ -158,7 +188,20 @@ impl DeviceCase {
             let ids_mem = alloc(ids.len() as u64 * 8)?;
             ids_mem.upload(0, &ids).map_err(failure)?;
             let grid = (ids.len() as u64).clamp(1, 65535) as u32;
-            launch(&util_scatter, (grid, 1, 1), 128, 0, &mut [&mut kv.ptr(), &mut packed_mem.ptr(), &mut ids_mem.ptr(), &mut (ids.len() as u64), &mut stride.clone(), &mut block_bytes.clone()])?;
+            launch(
+                &util_scatter,
+                (grid, 1, 1),
+                128,
+                0,
+                &mut [
+                    &mut kv.ptr(),
+                    &mut packed_mem.ptr(),
+                    &mut ids_mem.ptr(),
+                    &mut (ids.len() as u64),
+                    &mut stride.clone(),
+                    &mut block_bytes.clone(),
+                ],
+            )?;
             gpu.ctx.synchronize().map_err(failure)?;
         }
         let q = alloc(pad16(case.q.len() as u64))?;
@@ -202,20 +245,48 @@ impl DeviceCase {
             max_model_len: case.max_model_len as i32,
             num_workers: 1,
         };
-        let bytes = out_mem.bytes() + kv.bytes() + q.bytes() + weights.bytes() + table_mem.bytes() + lens_mem.bytes() + decode.bytes();
-        Ok(DeviceCase { out: out_mem, kv, q, weights, table: table_mem, lens: lens_mem, decode, params, bytes })
+        let bytes = out_mem.bytes()
+            + kv.bytes()
+            + q.bytes()
+            + weights.bytes()
+            + table_mem.bytes()
+            + lens_mem.bytes()
+            + decode.bytes();
+        Ok(DeviceCase {
+            out: out_mem,
+            kv,
+            q,
+            weights,
+            table: table_mem,
+            lens: lens_mem,
+            decode,
+            params,
+            bytes,
+        })
     }
 
     /// Hashes of every input buffer (q, weights, table, lengths, the whole KV cache).
     pub fn input_hashes(&self, gpu: &mut Gpu) -> Result<Vec<u64>, GpuFailure> {
-        let f = gpu.function(Program::Util, "hash_words", &vec![]).map_err(GpuFailure::Environment)?;
+        let f = gpu
+            .function(Program::Util, "hash_words", &vec![])
+            .map_err(GpuFailure::Environment)?;
         let acc = alloc(8 * 5)?;
         acc.memset(0).map_err(failure)?;
         let bufs = [&self.q, &self.weights, &self.table, &self.lens, &self.kv];
         for (k, b) in bufs.iter().enumerate() {
             let words = b.bytes() / 4;
             let grid = (words / 256).clamp(1, 4 * gpu.sms as u64 * 8) as u32;
-            launch(&f, (grid, 1, 1), 256, 0, &mut [&mut b.ptr(), &mut words.clone(), &mut (acc.ptr() + 8 * k as u64)])?;
+            launch(
+                &f,
+                (grid, 1, 1),
+                256,
+                0,
+                &mut [
+                    &mut b.ptr(),
+                    &mut words.clone(),
+                    &mut (acc.ptr() + 8 * k as u64),
+                ],
+            )?;
         }
         let mut h = vec![0u64; 5];
         acc.download(0, &mut h).map_err(failure)?;
@@ -230,7 +301,13 @@ impl DeviceCase {
 }
 
 /// Launches with scalar arguments given as mutable references of their exact types.
-pub fn launch(f: &Function, grid: (u32, u32, u32), block: u32, smem: u32, args: &mut [&mut dyn ArgPtr]) -> Result<(), GpuFailure> {
+pub fn launch(
+    f: &Function,
+    grid: (u32, u32, u32),
+    block: u32,
+    smem: u32,
+    args: &mut [&mut dyn ArgPtr],
+) -> Result<(), GpuFailure> {
     let mut ptrs: Vec<*mut c_void> = args.iter_mut().map(|a| a.arg_ptr()).collect();
     // SAFETY: every call site passes arguments in the kernel's exact order and types
     // (checked against kernels/*.cu), and the buffers they point to outlive the

@@ -48,7 +48,10 @@ pub fn open(name: &str) -> Option<Result<Box<dyn Kernel>, OpenError>> {
 }
 
 fn unavailable(name: &str, reason: String) -> OpenError {
-    OpenError::Unavailable { name: name.to_string(), reason }
+    OpenError::Unavailable {
+        name: name.to_string(),
+        reason,
+    }
 }
 
 fn open_direct(name: &str, rest: &str) -> Result<Box<dyn Kernel>, OpenError> {
@@ -59,7 +62,11 @@ fn open_direct(name: &str, rest: &str) -> Result<Box<dyn Kernel>, OpenError> {
 
 /// Opens `cuda:<rest>` on the given GPUs (indices as [`select_gpus`] returns them;
 /// `None`: all visible), one worker process per GPU.
-pub fn open_pooled(name: &str, rest: &str, gpus: Option<&[usize]>) -> Result<Box<dyn Kernel>, OpenError> {
+pub fn open_pooled(
+    name: &str,
+    rest: &str,
+    gpus: Option<&[usize]>,
+) -> Result<Box<dyn Kernel>, OpenError> {
     let v = Variant::parse(rest).ok_or_else(|| OpenError::Unknown(name.to_string()))?;
     let count = device::availability().map_err(|r| unavailable(name, r))?;
     let gpus: Vec<usize> = match gpus {
@@ -67,6 +74,16 @@ pub fn open_pooled(name: &str, rest: &str, gpus: Option<&[usize]>) -> Result<Box
         None => (0..count).collect(),
     };
     worker::pool(v, &gpus).map_err(|r| unavailable(name, r))
+}
+
+/// Opens a CUDA kernel name on the GPUs `--gpus` selected ([`select_gpus`]): `cuda:`
+/// names get one worker per listed GPU; `cuda-direct:` names run in this process on
+/// the first visible GPU. `None` for names of other backends.
+pub fn open_on_gpus(name: &str, gpus: &[usize]) -> Option<Result<Box<dyn Kernel>, OpenError>> {
+    if let Some(rest) = name.strip_prefix("cuda:") {
+        return Some(open_pooled(name, rest, Some(gpus)));
+    }
+    open(name)
 }
 
 /// Parses `--gpus all|0,1,...` against the GPUs this process sees.
@@ -83,9 +100,13 @@ pub fn parse_gpus(spec: &str, count: usize) -> Result<Vec<usize>, String> {
     }
     let mut v = Vec::new();
     for part in spec.split(',') {
-        let i: usize = part.trim().parse().map_err(|_| format!("--gpus: {part:?} is not a GPU index (use `all` or e.g. `0,1`)"))?;
+        let i: usize = part.trim().parse().map_err(|_| {
+            format!("--gpus: {part:?} is not a GPU index (use `all` or e.g. `0,1`)")
+        })?;
         if i >= count {
-            return Err(format!("--gpus: GPU {i} does not exist (this machine sees {count})"));
+            return Err(format!(
+                "--gpus: GPU {i} does not exist (this machine sees {count})"
+            ));
         }
         if !v.contains(&i) {
             v.push(i);
@@ -111,7 +132,11 @@ mod worker {
     /// `CUDA_VISIBLE_DEVICES=2,3` in our environment, our GPU 1 is physical "3".
     fn child_device(i: usize) -> String {
         match std::env::var("CUDA_VISIBLE_DEVICES") {
-            Ok(v) if !v.trim().is_empty() => v.split(',').nth(i).map(|s| s.trim().to_string()).unwrap_or_else(|| i.to_string()),
+            Ok(v) if !v.trim().is_empty() => v
+                .split(',')
+                .nth(i)
+                .map(|s| s.trim().to_string())
+                .unwrap_or_else(|| i.to_string()),
             _ => i.to_string(),
         }
     }
@@ -121,8 +146,13 @@ mod worker {
     }
 
     pub fn pool(v: Variant, gpus: &[usize]) -> Result<Box<dyn Kernel>, String> {
-        let exe = std::env::current_exe().map_err(|e| format!("cannot find our own executable to start workers: {e}"))?;
-        let command = format!("{} worker --kernel cuda-direct:{}", shell_quote(&exe.to_string_lossy()), v.short_name());
+        let exe = std::env::current_exe()
+            .map_err(|e| format!("cannot find our own executable to start workers: {e}"))?;
+        let command = format!(
+            "{} worker --kernel cuda-direct:{}",
+            shell_quote(&exe.to_string_lossy()),
+            v.short_name()
+        );
         let mut config = ExecConfig::new(command);
         config.worker_envs = gpus
             .iter()
@@ -165,7 +195,10 @@ mod tests {
         for v in Variant::all() {
             assert_eq!(Variant::parse(&v.short_name()), Some(v));
         }
-        assert_eq!(Variant::all().len(), 2 + crate::kernel::cpu::Plant::ALL.len());
+        assert_eq!(
+            Variant::all().len(),
+            2 + crate::kernel::cpu::Plant::ALL.len()
+        );
     }
 
     /// Every kernel source compiles with NVRTC for Hopper (when NVRTC is installed;

@@ -14,22 +14,29 @@ use crate::case::{Case, ScalePlacement};
 use crate::kernel::OutputBuffer;
 use crate::reference::{self, Reference, RowReference};
 use rand::RngExt;
+use rayon::prelude::*;
 use std::time::Duration;
 
 /// Why the GPU oracle cannot take a case (the caller falls back to the CPU).
 pub fn rejects(case: &Case) -> Option<String> {
     let s = &case.shape;
-    if s.heads % 8 != 0 {
+    if !s.heads.is_multiple_of(8) {
         return Some(format!("GPU oracle needs heads % 8 == 0, got {}", s.heads));
     }
-    if s.head_dim % 16 != 0 || s.head_dim > 128 {
-        return Some(format!("GPU oracle supports head_dim multiple of 16 up to 128, got {}", s.head_dim));
+    if !s.head_dim.is_multiple_of(16) || s.head_dim > 128 {
+        return Some(format!(
+            "GPU oracle supports head_dim multiple of 16 up to 128, got {}",
+            s.head_dim
+        ));
     }
     None
 }
 
 /// The reference of every row, computed on the GPU, and the oracle kernel's time.
-pub fn compute_timed(case: &Case, placement: ScalePlacement) -> Result<(Reference, Duration), String> {
+pub fn compute_timed(
+    case: &Case,
+    placement: ScalePlacement,
+) -> Result<(Reference, Duration), String> {
     if let Some(why) = rejects(case) {
         return Err(why);
     }
@@ -46,7 +53,11 @@ pub fn compute_timed(case: &Case, placement: ScalePlacement) -> Result<(Referenc
     let r = with_gpu(|gpu| {
         let dc = DeviceCase::upload(gpu, case, &dummy)?;
         let f = gpu
-            .function(Program::Oracle, "oracle_f64", &vec![("DD".into(), s.head_dim.to_string())])
+            .function(
+                Program::Oracle,
+                "oracle_f64",
+                &vec![("DD".into(), s.head_dim.to_string())],
+            )
             .map_err(GpuFailure::Environment)?;
         // Query rows at a time: as many as fit in ~80 KiB (three CTAs per SM), at least one.
         let row_bytes = s.heads * (s.head_dim + 4) * 4 + s.heads * 8;
@@ -54,7 +65,9 @@ pub fn compute_timed(case: &Case, placement: ScalePlacement) -> Result<(Referenc
         let nr = ((80 * 1024 - fixed) / row_bytes).clamp(1, s.next_n);
         let smem = (fixed + nr * row_bytes) as u32;
         if smem > gpu.max_smem_optin {
-            return Err(GpuFailure::OutOfMemory(format!("GPU oracle needs {smem} bytes of shared memory")));
+            return Err(GpuFailure::OutOfMemory(format!(
+                "GPU oracle needs {smem} bytes of shared memory"
+            )));
         }
         f.set_max_dynamic_smem(smem).map_err(failure)?;
         let off_mem = DeviceMemory::alloc(row_off.len() as u64 * 8).map_err(failure)?;
@@ -70,7 +83,20 @@ pub fn compute_timed(case: &Case, placement: ScalePlacement) -> Result<(Referenc
         let mut nr = nr as i32;
         let timer = Timer::new().map_err(failure)?;
         timer.start().map_err(failure)?;
-        launch(&f, (gx, gy, 1), 128, smem, &mut [&mut p, &mut off_mem.ptr(), &mut value.ptr(), &mut mag.ptr(), &mut inside, &mut nr])?;
+        launch(
+            &f,
+            (gx, gy, 1),
+            128,
+            smem,
+            &mut [
+                &mut p,
+                &mut off_mem.ptr(),
+                &mut value.ptr(),
+                &mut mag.ptr(),
+                &mut inside,
+                &mut nr,
+            ],
+        )?;
         timer.stop().map_err(failure)?;
         let ms = timer.elapsed_ms().map_err(failure)?;
         gpu.ctx.synchronize().map_err(failure)?;
@@ -86,10 +112,19 @@ pub fn compute_timed(case: &Case, placement: ScalePlacement) -> Result<(Referenc
     let rows_ref = (0..rows)
         .map(|r| {
             let (a, b) = (row_off[r] as usize, row_off[r + 1] as usize);
-            Some(RowReference { value: v[a..b].to_vec(), relu_mag: m[a..b].to_vec() })
+            Some(RowReference {
+                value: v[a..b].to_vec(),
+                relu_mag: m[a..b].to_vec(),
+            })
         })
         .collect();
-    Ok((Reference { placement, rows: rows_ref }, t))
+    Ok((
+        Reference {
+            placement,
+            rows: rows_ref,
+        },
+        t,
+    ))
 }
 
 /// The exact reference of every row, computed on the GPU (not yet cross-checked:
@@ -100,7 +135,13 @@ pub fn compute(case: &Case, placement: ScalePlacement) -> Result<Reference, Stri
 
 /// The positions of row `r` the CPU re-checks: context edges always; for `full` rows
 /// also every block, 64-token tile and 256-token chunk edge, and `random` random ones.
-pub fn check_positions(case: &Case, r: usize, full: bool, random: usize, rng: &mut impl rand::Rng) -> Vec<usize> {
+pub fn check_positions(
+    case: &Case,
+    r: usize,
+    full: bool,
+    random: usize,
+    rng: &mut impl rand::Rng,
+) -> Vec<usize> {
     let len = case.valid_len(r);
     if len == 0 {
         return Vec::new();
@@ -129,30 +170,48 @@ pub fn check_positions(case: &Case, r: usize, full: bool, random: usize, rng: &m
 /// Re-checks a GPU reference on the CPU: `sample_rows` random rows in full detail
 /// (see [`check_positions`]) and the context edges of every row. `Err` names the
 /// first element whose bits differ.
-pub fn cross_check(case: &Case, gpu_ref: &Reference, sample_rows: usize, seed: u64) -> Result<u64, String> {
+pub fn cross_check(
+    case: &Case,
+    gpu_ref: &Reference,
+    sample_rows: usize,
+    seed: u64,
+) -> Result<u64, String> {
     let mut rng = crate::generate::recipe::rng_for(seed);
     let rows = case.rows();
     let mut full = vec![false; rows];
     for _ in 0..sample_rows.min(rows) {
         full[rng.random_range(0..rows)] = true;
     }
-    let mut checked = 0u64;
-    for (r, is_full) in full.iter().enumerate() {
-        let Some(row) = &gpu_ref.rows[r] else { return Err(format!("GPU reference lacks row {r}")) };
-        if row.value.len() != case.valid_len(r) {
-            return Err(format!("GPU reference row {r} has {} positions, V(r) has {}", row.value.len(), case.valid_len(r)));
-        }
-        for t in check_positions(case, r, *is_full, 64, &mut rng) {
-            let (v, m, _) = reference::element(case, gpu_ref.placement, r, t);
-            let same = |a: f64, b: f64| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
-            if !same(v, row.value[t]) || !same(m, row.relu_mag[t]) {
-                return Err(format!(
-                    "GPU oracle differs from the CPU at row {r} position {t}: value {:e} vs {:e}, magnitude {:e} vs {:e}",
-                    row.value[t], v, row.relu_mag[t], m
-                ));
+    // Positions drawn up front (deterministic for the seed), then checked in parallel.
+    let plan: Vec<(usize, Vec<usize>)> = full
+        .iter()
+        .enumerate()
+        .map(|(r, &f)| (r, check_positions(case, r, f, 64, &mut rng)))
+        .collect();
+    let counts: Vec<Result<u64, String>> = plan
+        .par_iter()
+        .map(|(r, positions)| {
+            let r = *r;
+            let Some(row) = &gpu_ref.rows[r] else { return Err(format!("GPU reference lacks row {r}")) };
+            if row.value.len() != case.valid_len(r) {
+                return Err(format!("GPU reference row {r} has {} positions, V(r) has {}", row.value.len(), case.valid_len(r)));
             }
-            checked += 1;
-        }
+            for &t in positions {
+                let (v, m, _) = reference::element(case, gpu_ref.placement, r, t);
+                let same = |a: f64, b: f64| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+                if !same(v, row.value[t]) || !same(m, row.relu_mag[t]) {
+                    return Err(format!(
+                        "GPU oracle differs from the CPU at row {r} position {t}: value {:e} vs {:e}, magnitude {:e} vs {:e}",
+                        row.value[t], v, row.relu_mag[t], m
+                    ));
+                }
+            }
+            Ok(positions.len() as u64)
+        })
+        .collect();
+    let mut checked = 0;
+    for c in counts {
+        checked += c?;
     }
     Ok(checked)
 }

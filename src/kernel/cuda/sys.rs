@@ -12,8 +12,14 @@ use std::ffi::{c_void, CStr, CString};
 pub type DeviceError = String;
 
 fn drv(e: result::DriverError) -> DeviceError {
-    let name = e.error_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|_| format!("{:?}", e.0));
-    let what = e.error_string().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = e
+        .error_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| format!("{:?}", e.0));
+    let what = e
+        .error_string()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
     format!("{name}: {what}")
 }
 
@@ -74,12 +80,16 @@ impl Context {
 
     pub fn total_mem(&self) -> Result<u64, DeviceError> {
         // SAFETY: valid device handle.
-        unsafe { result::device::total_mem(self.dev) }.map(|b| b as u64).map_err(drv)
+        unsafe { result::device::total_mem(self.dev) }
+            .map(|b| b as u64)
+            .map_err(drv)
     }
 
     /// Free and total device memory.
     pub fn mem_info(&self) -> Result<(u64, u64), DeviceError> {
-        result::mem_get_info().map(|(f, t)| (f as u64, t as u64)).map_err(drv)
+        result::mem_get_info()
+            .map(|(f, t)| (f as u64, t as u64))
+            .map_err(drv)
     }
 
     /// Waits for all work; a kernel fault surfaces here.
@@ -119,7 +129,10 @@ impl DeviceMemory {
     /// Copies `src` to the start of the allocation (or at byte `offset`).
     pub fn upload<T: Copy>(&self, offset: u64, src: &[T]) -> Result<(), DeviceError> {
         let n = std::mem::size_of_val(src) as u64;
-        assert!(offset + n <= self.bytes.max(16), "upload past the allocation");
+        assert!(
+            offset + n <= self.bytes.max(16),
+            "upload past the allocation"
+        );
         if n == 0 {
             return Ok(());
         }
@@ -129,7 +142,10 @@ impl DeviceMemory {
 
     pub fn download<T: Copy>(&self, offset: u64, dst: &mut [T]) -> Result<(), DeviceError> {
         let n = std::mem::size_of_val(dst) as u64;
-        assert!(offset + n <= self.bytes.max(16), "download past the allocation");
+        assert!(
+            offset + n <= self.bytes.max(16),
+            "download past the allocation"
+        );
         if n == 0 {
             return Ok(());
         }
@@ -146,7 +162,10 @@ impl DeviceMemory {
     pub fn copy_from(&self, src: &DeviceMemory, bytes: u64) -> Result<(), DeviceError> {
         assert!(bytes <= self.bytes && bytes <= src.bytes);
         // SAFETY: both allocations hold `bytes`.
-        unsafe { result::memcpy_dtod_async(self.ptr, src.ptr, bytes as usize, std::ptr::null_mut()) }.map_err(drv)
+        unsafe {
+            result::memcpy_dtod_async(self.ptr, src.ptr, bytes as usize, std::ptr::null_mut())
+        }
+        .map_err(drv)
     }
 }
 
@@ -173,7 +192,8 @@ impl Function {
         let mut img = image.to_vec();
         img.push(0);
         // SAFETY: the image is a complete cubin (or NUL-terminated PTX) that outlives the call.
-        let module = unsafe { result::module::load_data(img.as_ptr() as *const c_void) }.map_err(drv)?;
+        let module =
+            unsafe { result::module::load_data(img.as_ptr() as *const c_void) }.map_err(drv)?;
         let cname = CString::new(name).expect("kernel names have no NUL");
         // SAFETY: module was just loaded.
         let func = unsafe { result::module::get_function(module, cname) }.map_err(drv)?;
@@ -196,9 +216,15 @@ impl Function {
     /// Resident CTAs per SM for this block size and shared memory.
     pub fn occupancy(&self, block: u32, smem: u32) -> Result<u32, DeviceError> {
         // SAFETY: valid function handle.
-        unsafe { result::occupancy::max_active_block_per_multiprocessor(self.func, block as i32, smem as usize) }
-            .map(|n| n as u32)
-            .map_err(drv)
+        unsafe {
+            result::occupancy::max_active_block_per_multiprocessor(
+                self.func,
+                block as i32,
+                smem as usize,
+            )
+        }
+        .map(|n| n as u32)
+        .map_err(drv)
     }
 
     /// Launches on the null stream. Each argument is a pointer to a value of the exact
@@ -207,8 +233,22 @@ impl Function {
     /// # Safety
     /// `args` must match the kernel's parameter list in number, order and type, and
     /// every device pointer inside must stay allocated until the launch completes.
-    pub unsafe fn launch(&self, grid: (u32, u32, u32), block: u32, smem: u32, args: &mut [*mut c_void]) -> Result<(), DeviceError> {
-        result::launch_kernel(self.func, grid, (block, 1, 1), smem, std::ptr::null_mut(), args).map_err(drv)
+    pub unsafe fn launch(
+        &self,
+        grid: (u32, u32, u32),
+        block: u32,
+        smem: u32,
+        args: &mut [*mut c_void],
+    ) -> Result<(), DeviceError> {
+        result::launch_kernel(
+            self.func,
+            grid,
+            (block, 1, 1),
+            smem,
+            std::ptr::null_mut(),
+            args,
+        )
+        .map_err(drv)
     }
 }
 
@@ -228,7 +268,10 @@ pub struct Timer {
 impl Timer {
     pub fn new() -> Result<Timer, DeviceError> {
         let f = sys::CUevent_flags::CU_EVENT_DEFAULT;
-        Ok(Timer { start: result::event::create(f).map_err(drv)?, stop: result::event::create(f).map_err(drv)? })
+        Ok(Timer {
+            start: result::event::create(f).map_err(drv)?,
+            stop: result::event::create(f).map_err(drv)?,
+        })
     }
     pub fn start(&self) -> Result<(), DeviceError> {
         // SAFETY: valid event, null stream.
@@ -262,7 +305,10 @@ impl Drop for Timer {
 pub fn nvrtc_compile(source: &str, name: &str, options: &[String]) -> Result<Vec<u8>, String> {
     let src = CString::new(source).map_err(|_| "kernel source contains NUL".to_string())?;
     let cname = CString::new(name).unwrap();
-    let opts: Vec<CString> = options.iter().map(|o| CString::new(o.as_str()).unwrap()).collect();
+    let opts: Vec<CString> = options
+        .iter()
+        .map(|o| CString::new(o.as_str()).unwrap())
+        .collect();
     let opt_ptrs: Vec<*const std::ffi::c_char> = opts.iter().map(|o| o.as_ptr()).collect();
     let check = |r: nvrtc::nvrtcResult, what: &str| -> Result<(), String> {
         if r == nvrtc::nvrtcResult::NVRTC_SUCCESS {
@@ -277,22 +323,42 @@ pub fn nvrtc_compile(source: &str, name: &str, options: &[String]) -> Result<Vec
     // SAFETY: all pointers are valid NUL-terminated strings for the duration of the calls;
     // the program is destroyed on every path below.
     unsafe {
-        check(nvrtc::nvrtcCreateProgram(&mut prog, src.as_ptr(), cname.as_ptr(), 0, std::ptr::null(), std::ptr::null()), "nvrtcCreateProgram")?;
+        check(
+            nvrtc::nvrtcCreateProgram(
+                &mut prog,
+                src.as_ptr(),
+                cname.as_ptr(),
+                0,
+                std::ptr::null(),
+                std::ptr::null(),
+            ),
+            "nvrtcCreateProgram",
+        )?;
         let compiled = nvrtc::nvrtcCompileProgram(prog, opt_ptrs.len() as i32, opt_ptrs.as_ptr());
         let mut log_size = 0usize;
         let mut log = String::new();
-        if nvrtc::nvrtcGetProgramLogSize(prog, &mut log_size) == nvrtc::nvrtcResult::NVRTC_SUCCESS && log_size > 1 {
+        if nvrtc::nvrtcGetProgramLogSize(prog, &mut log_size) == nvrtc::nvrtcResult::NVRTC_SUCCESS
+            && log_size > 1
+        {
             let mut buf = vec![0u8; log_size];
-            if nvrtc::nvrtcGetProgramLog(prog, buf.as_mut_ptr() as *mut _) == nvrtc::nvrtcResult::NVRTC_SUCCESS {
+            if nvrtc::nvrtcGetProgramLog(prog, buf.as_mut_ptr() as *mut _)
+                == nvrtc::nvrtcResult::NVRTC_SUCCESS
+            {
                 log = String::from_utf8_lossy(&buf[..log_size - 1]).into_owned();
             }
         }
         let result = (|| {
             check(compiled, "nvrtcCompileProgram").map_err(|e| format!("{e}\n{log}"))?;
             let mut size = 0usize;
-            check(nvrtc::nvrtcGetCUBINSize(prog, &mut size), "nvrtcGetCUBINSize")?;
+            check(
+                nvrtc::nvrtcGetCUBINSize(prog, &mut size),
+                "nvrtcGetCUBINSize",
+            )?;
             let mut cubin = vec![0u8; size];
-            check(nvrtc::nvrtcGetCUBIN(prog, cubin.as_mut_ptr() as *mut _), "nvrtcGetCUBIN")?;
+            check(
+                nvrtc::nvrtcGetCUBIN(prog, cubin.as_mut_ptr() as *mut _),
+                "nvrtcGetCUBIN",
+            )?;
             if std::env::var_os("MQA_FUZZ_NVRTC_LOG").is_some() && !log.is_empty() {
                 eprintln!("nvrtc {name}: {log}");
             }
