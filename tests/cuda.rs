@@ -130,6 +130,10 @@ fn naive_and_tiled_are_clean_and_a_planted_bug_is_caught_on_the_gpu() {
     if gpu().is_none() {
         return;
     }
+    // cuda: workers are `mqa-fuzz worker` processes; this test binary is not mqa-fuzz.
+    if std::env::var_os("MQA_FUZZ_WORKER_EXE").is_none() {
+        std::env::set_var("MQA_FUZZ_WORKER_EXE", env!("CARGO_BIN_EXE_mqa-fuzz"));
+    }
     let cfg = OracleConfig::default();
     let case = recipe(vec![300, 700], 2).materialize();
     for name in ["cuda-direct:naive", "cuda-direct:tiled"] {
