@@ -11,8 +11,12 @@ use mqa_fuzz::kernel::cuda;
 use mqa_fuzz::oracle::{Class, OracleConfig};
 use std::process::Command;
 
+/// The mqa-fuzz binary (MQA_FUZZ_WORKER_EXE when the tests run on another machine).
 fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_mqa-fuzz"))
+    match std::env::var_os("MQA_FUZZ_WORKER_EXE") {
+        Some(p) => Command::new(p),
+        None => Command::new(env!("CARGO_BIN_EXE_mqa-fuzz")),
+    }
 }
 
 fn gpu() -> Option<usize> {

@@ -146,8 +146,12 @@ mod worker {
     }
 
     pub fn pool(v: Variant, gpus: &[usize]) -> Result<Box<dyn Kernel>, String> {
-        let exe = std::env::current_exe()
-            .map_err(|e| format!("cannot find our own executable to start workers: {e}"))?;
+        // MQA_FUZZ_WORKER_EXE: the mqa-fuzz binary to start when we are not it (tests).
+        let exe = match std::env::var_os("MQA_FUZZ_WORKER_EXE") {
+            Some(p) => std::path::PathBuf::from(p),
+            None => std::env::current_exe()
+                .map_err(|e| format!("cannot find our own executable to start workers: {e}"))?,
+        };
         let command = format!(
             "{} worker --kernel cuda-direct:{}",
             shell_quote(&exe.to_string_lossy()),
