@@ -86,10 +86,30 @@ pub fn open_on_gpus(name: &str, gpus: &[usize]) -> Option<Result<Box<dyn Kernel>
     open(name)
 }
 
+/// Why `--gpus` cannot be honoured.
+#[derive(Debug, thiserror::Error)]
+pub enum SelectError {
+    /// The spec is malformed or names a GPU that does not exist (exit 2).
+    #[error("{0}")]
+    Usage(String),
+    /// No usable GPU on this machine (exit 3).
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+impl From<SelectError> for crate::error::Fatal {
+    fn from(e: SelectError) -> Self {
+        match e {
+            SelectError::Usage(m) => crate::error::Fatal::usage(m),
+            SelectError::Unavailable(m) => crate::error::Fatal::environment(m),
+        }
+    }
+}
+
 /// Parses `--gpus all|0,1,...` against the GPUs this process sees.
-pub fn select_gpus(spec: &str) -> Result<Vec<usize>, String> {
-    let count = device::availability()?;
-    parse_gpus(spec, count)
+pub fn select_gpus(spec: &str) -> Result<Vec<usize>, SelectError> {
+    let count = device::availability().map_err(SelectError::Unavailable)?;
+    parse_gpus(spec, count).map_err(SelectError::Usage)
 }
 
 /// [`select_gpus`] without touching the driver (testable anywhere).
