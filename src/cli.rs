@@ -70,6 +70,37 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Benchmarks.
+    #[command(subcommand)]
+    Bench(Bench),
+    /// Checks the CUDA kernels, planted bugs and GPU oracle on this machine's GPU.
+    #[command(hide = true)]
+    GpuSelfcheck {
+        /// Random cases per kernel.
+        #[arg(long, default_value_t = 60)]
+        cases: usize,
+        /// Random cases for the GPU oracle's bit-identity check.
+        #[arg(long, default_value_t = 60)]
+        oracle_cases: usize,
+    },
+    /// Compiles every CUDA kernel variant into the disk cache (NVRTC only, no GPU needed).
+    #[command(hide = true)]
+    GpuPrecompile {
+        /// NVRTC architecture.
+        #[arg(long, default_value = "sm_90a")]
+        arch: String,
+    },
+    /// Serve a built-in kernel over the worker protocol on stdin/stdout (used by
+    /// `exec:` pools to isolate kernels in child processes).
+    #[command(hide = true)]
+    Worker {
+        /// Kernel to serve (any name `mqa-fuzz kernels` lists).
+        #[arg(long)]
+        kernel: String,
+        /// Misbehave on purpose (tests): crash-at=N, hang-at=N, garbage-at=N, wrong-id-at=N, skew.
+        #[arg(long)]
+        fault: Option<String>,
+    },
     /// Re-render a report directory (junit.xml, summary.md, index.html, pictures) from its report.json.
     Report {
         /// Report directory (or its report.json).
@@ -94,6 +125,12 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Bench {
+    /// GPU oracle: kernel time, GPU-oracle time, CPU cross-check time and verified logits/s.
+    Oracle,
 }
 
 /// Runs the parsed command; returns the exit code.
@@ -124,10 +161,32 @@ pub fn dispatch(cli: Cli) -> Result<i32, Fatal> {
             topk,
             json,
         } => cmd_replay(&files, kernel.as_deref(), topk, json),
+        Command::Bench(Bench::Oracle) => kernel::cuda::bench::bench_oracle(),
+        Command::GpuSelfcheck {
+            cases,
+            oracle_cases,
+        } => kernel::cuda::bench::selfcheck(cases, oracle_cases),
+        Command::GpuPrecompile { arch } => {
+            let n = kernel::cuda::bench::precompile(&arch).map_err(Fatal::environment)?;
+            println!(
+                "compiled {n} kernel variants for {arch} into {:?}",
+                kernel::cuda::compile::cache_dir()
+            );
+            Ok(exit::CLEAN)
+        }
+        Command::Worker { kernel, fault } => cmd_worker(&kernel, fault.as_deref()),
         Command::Report { dir } => crate::report::cli::cmd_report(&dir),
         Command::Merge { dirs, out } => crate::report::cli::cmd_merge(&dirs, &out),
         Command::Diff { base, cand, json } => crate::report::cli::cmd_diff(&base, &cand, json),
     }
+}
+
+fn cmd_worker(name: &str, fault: Option<&str>) -> Result<i32, Fatal> {
+    let fault = fault
+        .map(kernel::exec::server::Fault::parse)
+        .transpose()
+        .map_err(Fatal::usage)?;
+    kernel::exec::server::serve(name, fault)
 }
 
 fn cmd_kernels(json: bool) -> Result<i32, Fatal> {
