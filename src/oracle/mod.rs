@@ -330,11 +330,11 @@ pub fn judge(
         v.guard.rows_affected += affected as u64;
         let Some(rref) = &reference.rows[r] else { continue };
         v.metrics.rows_checked += 1;
-        for t in 0..len {
+        // Dense rows hold every position of V(r); sampled rows only theirs.
+        for (t, exp, relu_mag) in rref.elements().take_while(|&(t, _, _)| t < len) {
             let got = row[t];
-            let exp = rref.value[t];
             let mut full_bound = None;
-            let class = classify(got, exp, rref.relu_mag[t], &bound, || {
+            let class = classify(got, exp, relu_mag, &bound, || {
                 let (_, m, a) = crate::reference::element(case, reference.placement, r, t);
                 let b = bound.full(m, a);
                 full_bound = Some(b);
@@ -345,7 +345,7 @@ pub fn judge(
                     v.metrics.checked += 1;
                     let err = (got as f64 - exp).abs();
                     v.metrics.max_abs_err = v.metrics.max_abs_err.max(err);
-                    let b = full_bound.unwrap_or_else(|| bound.lower(rref.relu_mag[t]));
+                    let b = full_bound.unwrap_or_else(|| bound.lower(relu_mag));
                     if b > 0.0 {
                         v.metrics.max_err_over_bound = v.metrics.max_err_over_bound.max(err / b);
                     }
@@ -382,8 +382,8 @@ pub fn judge(
                 }
             }
         }
-        // Downstream top-k for rows longer than k.
-        if len > cfg.topk {
+        // Downstream top-k for rows longer than k (needs the whole row's reference).
+        if len > cfg.topk && rref.is_dense() {
             v.topk.rows_checked += 1;
             if let TopKOutcome::Inconsistent { detail } = topk_consistent(&row[..len], rref, &bound, cfg.topk, |t| {
                 let (_, m, a) = crate::reference::element(case, reference.placement, r, t);
