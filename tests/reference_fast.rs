@@ -158,7 +158,7 @@ fn fast_reference_is_bit_identical_to_simple() {
             ];
             for sel in &sels {
                 let simple = reference::compute_simple(&case, placement, sel);
-                for backend in [Backend::Fused, Backend::FusedPortable] {
+                for backend in Backend::all() {
                     let fast = reference::compute_with(&case, placement, sel, backend);
                     assert_identical(&fast, &simple, &format!("{what} {sel:?} {backend:?}"));
                 }

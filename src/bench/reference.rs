@@ -95,6 +95,33 @@ pub fn time<F: FnMut()>(min_seconds: f64, mut f: F) -> (f64, f64) {
         f();
         times.push(t.elapsed().as_secs_f64());
     }
+    best_and_median(times)
+}
+
+/// Like [`time`] for each pool, with the pools' repeats interleaved: on a shared or
+/// throttling machine, the slow phases then hit every thread count alike and the
+/// scaling figure compares like with like.
+pub fn time_pools<F: Fn() + Sync>(
+    pools: &[(usize, rayon::ThreadPool)],
+    min_seconds: f64,
+    f: F,
+) -> Vec<(f64, f64)> {
+    let mut times = vec![Vec::new(); pools.len()];
+    for (_, p) in pools {
+        p.install(&f);
+    }
+    let start = Instant::now();
+    while times[0].len() < 3 || start.elapsed().as_secs_f64() < min_seconds * pools.len() as f64 {
+        for ((_, p), ts) in pools.iter().zip(times.iter_mut()) {
+            let t = Instant::now();
+            p.install(&f);
+            ts.push(t.elapsed().as_secs_f64());
+        }
+    }
+    times.into_iter().map(best_and_median).collect()
+}
+
+fn best_and_median(mut times: Vec<f64>) -> (f64, f64) {
     times.sort_by(f64::total_cmp);
     (times[0], times[times.len() / 2])
 }
@@ -208,12 +235,10 @@ pub fn run_reference_bench(opts: &ReferenceBenchOptions) -> Result<i32, Fatal> {
             flops / 1e9
         ));
         let mut rust = Vec::new();
-        for (n, p) in &pools {
-            let (best, median) = p.install(|| {
-                time(opts.min_seconds, || {
-                    drop(reference::compute(case, placement, &RowSelection::All))
-                })
-            });
+        let timings = time_pools(&pools, opts.min_seconds, || {
+            drop(reference::compute(case, placement, &RowSelection::All))
+        });
+        for ((n, _), &(best, median)) in pools.iter().zip(&timings) {
             let pk = if *n == 1 { peak1 } else { peak_all };
             let t = Timing {
                 threads: *n,
@@ -254,17 +279,15 @@ pub fn run_reference_bench(opts: &ReferenceBenchOptions) -> Result<i32, Fatal> {
         }
         if bc.name == "a" {
             for backend in Backend::all() {
-                for (n, p) in &pools {
-                    let (best, _) = p.install(|| {
-                        time(opts.min_seconds, || {
-                            drop(reference::compute_with(
-                                case,
-                                placement,
-                                &RowSelection::All,
-                                backend,
-                            ))
-                        })
-                    });
+                let timings = time_pools(&pools, opts.min_seconds, || {
+                    drop(reference::compute_with(
+                        case,
+                        placement,
+                        &RowSelection::All,
+                        backend,
+                    ))
+                });
+                for ((n, _), &(best, _)) in pools.iter().zip(&timings) {
                     say(format!(
                         "  backend {:<15} {:>2} thr {:9.2} ms  {:7.1} GFLOP/s",
                         backend.name(),

@@ -111,6 +111,9 @@ struct RowOut<'a> {
     relu_mag: &'a mut [f64],
 }
 
+/// The not yet assigned part of a row's output: values, relu magnitudes, positions.
+type RowRest<'a> = (&'a mut [f64], &'a mut [f64], Option<&'a [usize]>);
+
 struct Task<'a> {
     b: usize,
     tokens: &'a [usize],
@@ -147,7 +150,7 @@ pub(crate) fn compute(
     let tokens = sequence_tokens(case, wants);
     // Tasks: (sequence, chunk of its tokens), each holding its slices of the row outputs.
     let mut tasks: Vec<Task> = Vec::new();
-    let mut rest: Vec<Option<(&mut [f64], &mut [f64], Option<&[usize]>)>> = rows
+    let mut rest: Vec<Option<RowRest>> = rows
         .iter_mut()
         .map(|o| {
             o.as_mut().map(|rr| {

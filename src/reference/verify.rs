@@ -16,20 +16,15 @@ use std::str::FromStr;
 pub const CHUNK_EDGE: usize = 256;
 
 /// Which elements of V(r) the oracle compares.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub enum VerifyMode {
     /// Every element of every row.
+    #[default]
     Full,
     /// Whole rows with probability `fraction` each, plus every boundary position.
     Sample(f64),
     /// Only boundary positions (block and chunk edges ±1, first, last valid ±1).
     Boundaries,
-}
-
-impl Default for VerifyMode {
-    fn default() -> Self {
-        VerifyMode::Full
-    }
 }
 
 impl fmt::Display for VerifyMode {
