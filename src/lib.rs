@@ -6,6 +6,7 @@
 //! reference (`reference`) → classify (`oracle`) → report (`report`).
 
 pub mod bench;
+pub mod campaign;
 pub mod case;
 pub mod cli;
 pub mod error;
@@ -15,6 +16,8 @@ pub mod harness;
 pub mod kernel;
 pub mod oracle;
 pub mod reference;
+pub mod report;
+pub mod selftest;
 pub mod util;
 
 pub use case::{Case, ContextLens, ScalePlacement, Shape, ValueLayout};

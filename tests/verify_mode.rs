@@ -191,6 +191,33 @@ fn planted_boundary_error_is_caught_in_boundaries_mode() {
     assert_eq!(v.metrics.checked as usize, expected);
 }
 
+/// A NaN between boundaries is still a finding in boundaries mode (the guard verdict
+/// would call it needed; the verdict must not be clean).
+#[test]
+fn nan_between_boundaries_is_caught_in_boundaries_mode() {
+    let c = case(vec![700, 300], 1, 64);
+    let k = kernel::open("cpu:chunked").unwrap();
+    let caps = k.capabilities().clone();
+    let mut out = OutputBuffer::for_case(&c);
+    let info = k.run(&c, &mut out).unwrap();
+    out.set(0, 100, f32::NAN);
+    let reference = reference::compute(
+        &c,
+        caps.scale_placement,
+        &VerifyMode::Boundaries.selection(&c, 0),
+    );
+    let v = oracle::judge(
+        &c,
+        &reference,
+        &caps,
+        Ok((&info, &out)),
+        &OracleConfig::default(),
+    );
+    assert_eq!(v.classes.get(&Class::Nan), Some(&1), "{:?}", v.classes);
+    assert_eq!((v.examples[0].row, v.examples[0].pos), (Some(0), Some(100)));
+    assert!(!v.guard.redundant);
+}
+
 #[test]
 fn planted_tail_bug_is_caught_in_boundaries_mode() {
     // cpu:chunked with its tail chunk unwritten: the last valid positions are poison.

@@ -173,6 +173,11 @@ pub trait Kernel: Send + Sync {
         env!("CARGO_PKG_VERSION").to_string()
     }
     fn capabilities(&self) -> &Capabilities;
+    /// How many cases the campaign should run on this kernel at once: 1 for CPU kernels
+    /// (they parallelize inside with rayon), the number of GPUs for a worker pool.
+    fn preferred_jobs(&self) -> usize {
+        1
+    }
     /// Runs the case into `out` (poisoned, guarded, owned by the harness).
     fn run(&self, case: &Case, out: &mut OutputBuffer) -> Result<RunInfo, RunError>;
 }

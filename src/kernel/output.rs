@@ -90,7 +90,10 @@ impl OutputBuffer {
     pub fn out_of_bounds_writes(&self) -> Vec<usize> {
         let changed = |k: &usize| self.data[*k].to_bits() != POISON_BITS;
         let n = self.data.len();
-        let mut v: Vec<usize> = (0..GUARD_ELEMS).chain(n - GUARD_ELEMS..n).filter(changed).collect();
+        let mut v: Vec<usize> = (0..GUARD_ELEMS)
+            .chain(n - GUARD_ELEMS..n)
+            .filter(changed)
+            .collect();
         if self.row_stride > self.cols {
             for r in 0..self.rows {
                 let o = GUARD_ELEMS + r * self.row_stride;

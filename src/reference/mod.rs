@@ -79,9 +79,7 @@ pub enum PositionSet {
 /// ReLU that keeps NaN (Rust's `f64::max(NaN, 0)` would return 0 and hide it).
 #[inline]
 pub fn relu(x: f64) -> f64 {
-    if x > 0.0 {
-        x
-    } else if x.is_nan() {
+    if x > 0.0 || x.is_nan() {
         x
     } else {
         0.0
@@ -214,7 +212,7 @@ pub fn compute_row(case: &Case, placement: ScalePlacement, r: usize) -> RowRefer
         }
         for (h, dot) in dots.iter_mut().enumerate() {
             let qh = &q[h * s.head_dim..(h + 1) * s.head_dim];
-            *dot = qh.iter().zip(&k).map(|(a, b)| a * b).sum();
+            *dot = exact_dot(qh, &k);
         }
         let (v, m) = combine(placement, w, &dots, case.k_scale(block, p));
         value.push(v);
@@ -225,6 +223,31 @@ pub fn compute_row(case: &Case, placement: ScalePlacement, r: usize) -> RowRefer
         relu_mag,
         positions: None,
     }
+}
+
+/// Dot product of decoded fp8 vectors with eight independent accumulators. Every
+/// product and partial sum is a multiple of 2^-18 (fn) or 2^-20 (fnuz) far below 2^53
+/// units, so each addition is exact and the result is the same in any order: the lanes
+/// change nothing but let the compiler vectorize (a plain `.sum()` must keep f64's
+/// sequential order and does not).
+#[inline]
+pub fn exact_dot(a: &[f64], b: &[f64]) -> f64 {
+    let mut lanes = [0f64; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f64 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for l in 0..8 {
+            lanes[l] += x[l] * y[l];
+        }
+    }
+    ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5]))
+        + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]))
+        + tail
 }
 
 /// The terms of one element computed the plain way, independently of
