@@ -106,15 +106,28 @@ pub fn time_pools<F: Fn() + Sync>(
     min_seconds: f64,
     f: F,
 ) -> Vec<(f64, f64)> {
-    let mut times = vec![Vec::new(); pools.len()];
-    for (_, p) in pools {
-        p.install(&f);
+    let runs: Vec<(&rayon::ThreadPool, &(dyn Fn() + Sync))> = pools
+        .iter()
+        .map(|(_, p)| (p, &f as &(dyn Fn() + Sync)))
+        .collect();
+    time_interleaved(&runs, min_seconds)
+}
+
+/// Best and median seconds of each `(pool, work)` pair, repeats taken round-robin
+/// (≥ 3 each, ≥ `min_seconds` per pair in total) after one warm-up of each.
+pub fn time_interleaved(
+    runs: &[(&rayon::ThreadPool, &(dyn Fn() + Sync))],
+    min_seconds: f64,
+) -> Vec<(f64, f64)> {
+    let mut times = vec![Vec::new(); runs.len()];
+    for (p, f) in runs {
+        p.install(f);
     }
     let start = Instant::now();
-    while times[0].len() < 3 || start.elapsed().as_secs_f64() < min_seconds * pools.len() as f64 {
-        for ((_, p), ts) in pools.iter().zip(times.iter_mut()) {
+    while times[0].len() < 3 || start.elapsed().as_secs_f64() < min_seconds * runs.len() as f64 {
+        for ((p, f), ts) in runs.iter().zip(times.iter_mut()) {
             let t = Instant::now();
-            p.install(&f);
+            p.install(f);
             ts.push(t.elapsed().as_secs_f64());
         }
     }
@@ -278,30 +291,43 @@ pub fn run_reference_bench(opts: &ReferenceBenchOptions) -> Result<i32, Fatal> {
             ));
         }
         if bc.name == "a" {
-            for backend in Backend::all() {
-                let timings = time_pools(&pools, opts.min_seconds, || {
-                    drop(reference::compute_with(
-                        case,
-                        placement,
-                        &RowSelection::All,
-                        backend,
-                    ))
-                });
-                for ((n, _), &(best, _)) in pools.iter().zip(&timings) {
-                    say(format!(
-                        "  backend {:<15} {:>2} thr {:9.2} ms  {:7.1} GFLOP/s",
-                        backend.name(),
-                        n,
-                        best * 1e3,
-                        flops / best / 1e9
-                    ));
-                    backends.push(BackendTiming {
-                        backend: backend.name(),
-                        threads: *n,
-                        best_s: best,
-                        gflops: flops / best / 1e9,
+            // Every backend × thread count interleaved, so machine noise hits all alike.
+            let work: Vec<(Backend, Box<dyn Fn() + Sync>)> = Backend::all()
+                .into_iter()
+                .map(|backend| {
+                    let f: Box<dyn Fn() + Sync> = Box::new(move || {
+                        drop(reference::compute_with(
+                            case,
+                            placement,
+                            &RowSelection::All,
+                            backend,
+                        ))
                     });
-                }
+                    (backend, f)
+                })
+                .collect();
+            let runs: Vec<(&rayon::ThreadPool, &(dyn Fn() + Sync))> = work
+                .iter()
+                .flat_map(|(_, f)| pools.iter().map(move |(_, p)| (p, f.as_ref())))
+                .collect();
+            let timings = time_interleaved(&runs, opts.min_seconds / 2.0);
+            let labels = work
+                .iter()
+                .flat_map(|(b, _)| pools.iter().map(move |(n, _)| (*b, *n)));
+            for ((backend, n), &(best, _)) in labels.zip(&timings) {
+                say(format!(
+                    "  backend {:<15} {:>2} thr {:9.2} ms  {:7.1} GFLOP/s",
+                    backend.name(),
+                    n,
+                    best * 1e3,
+                    flops / best / 1e9
+                ));
+                backends.push(BackendTiming {
+                    backend: backend.name(),
+                    threads: n,
+                    best_s: best,
+                    gflops: flops / best / 1e9,
+                });
             }
         }
         let mut report = CaseReport {
