@@ -70,6 +70,30 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Re-render a report directory (junit.xml, summary.md, index.html, pictures) from its report.json.
+    Report {
+        /// Report directory (or its report.json).
+        dir: PathBuf,
+    },
+    /// Fold shard reports into one (counts add, findings deduplicate by signature).
+    Merge {
+        /// Shard report directories (or their report.json files).
+        #[arg(required = true)]
+        dirs: Vec<PathBuf>,
+        /// Directory to write the merged report into.
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Compare two reports: new, fixed and unchanged findings. Exit 1 on new findings.
+    Diff {
+        /// The baseline report directory (or report.json).
+        base: PathBuf,
+        /// The candidate report directory (or report.json).
+        cand: PathBuf,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Measure this machine (the CPU reference against its FMA peak and numpy).
     Bench {
         #[command(subcommand)]
@@ -125,6 +149,9 @@ pub fn dispatch(cli: Cli) -> Result<i32, Fatal> {
             topk,
             json,
         } => cmd_replay(&files, kernel.as_deref(), topk, json),
+        Command::Report { dir } => crate::report::cli::cmd_report(&dir),
+        Command::Merge { dirs, out } => crate::report::cli::cmd_merge(&dirs, &out),
+        Command::Diff { base, cand, json } => crate::report::cli::cmd_diff(&base, &cand, json),
         Command::Bench {
             what:
                 BenchCommand::Reference {
@@ -316,6 +343,9 @@ pub struct RunArgs {
     /// k of the downstream top-k check (V3.2: 2048, V4-Pro: 1024, V4-Flash: 512).
     #[arg(long, default_value_t = 2048)]
     pub topk: usize,
+    /// Stop generating after this many distinct findings (e.g. 1 for a quick gate).
+    #[arg(long)]
+    pub max_findings: Option<usize>,
     /// No progress output.
     #[arg(long, short = 'q')]
     pub quiet: bool,
@@ -375,19 +405,11 @@ pub fn parse_shard(s: &str) -> Result<Shard, String> {
     Ok(Shard { index, count })
 }
 
-/// Shard from a Slurm job array or a Kubernetes indexed Job, when present.
+/// Shard from a Slurm job array or a Kubernetes indexed Job, when present (see
+/// [`crate::report::shard_from_env`]: Slurm arrays not starting at 0 or with a step,
+/// and an index without its count, are handled there).
 pub fn shard_from_env() -> Result<Option<Shard>, Fatal> {
-    for (iv, nv) in [
-        ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT"),
-        ("JOB_COMPLETION_INDEX", "JOB_COMPLETIONS"),
-    ] {
-        if let (Ok(i), Ok(n)) = (std::env::var(iv), std::env::var(nv)) {
-            return parse_shard(&format!("{i}/{n}"))
-                .map(Some)
-                .map_err(|e| Fatal::usage(format!("environment {iv}/{nv}: {e}")));
-        }
-    }
-    Ok(None)
+    crate::report::shard_from_env()
 }
 
 fn cmd_run(args: RunArgs) -> Result<i32, Fatal> {
@@ -435,6 +457,7 @@ fn cmd_run(args: RunArgs) -> Result<i32, Fatal> {
     cfg.replay_corpus = !args.no_replay;
     cfg.oracle.topk = args.topk;
     cfg.quiet = args.quiet;
+    cfg.stop_after_findings = args.max_findings;
     cfg.command_line = std::env::args().collect::<Vec<_>>().join(" ");
     let shard_txt = shard
         .map(|s| format!(", shard {}/{}", s.index, s.count))
@@ -458,33 +481,7 @@ fn print_summary(r: &crate::report::Report, dir: &std::path::Path) {
         r.timings.wall_secs,
         if r.interrupted { " (interrupted)" } else { "" }
     );
-    for (name, st) in &r.per_kernel {
-        let g = &st.guard;
-        let guard = if g.redundant_cases == g.cases {
-            format!(
-                "guard redundant on {}/{} cases ({} rows, {} logits checked in the valid range); 95% upper bound on the per-case failure rate {:.2e}",
-                g.redundant_cases,
-                g.cases,
-                st.rows_checked,
-                st.logits_checked,
-                3.0 / (g.cases.max(1) as f64)
-            )
-        } else {
-            format!(
-                "guard NEEDED on {} of {} cases ({} rows; elements: {} nan, {} +inf, {} -inf)",
-                g.cases - g.redundant_cases,
-                g.cases,
-                g.rows_affected,
-                g.nan,
-                g.pos_inf,
-                g.neg_inf
-            )
-        };
-        println!(
-            "{name}: {} clean, {} with findings, {} skipped; {guard}",
-            st.clean, st.with_findings, st.skipped
-        );
-    }
+    println!("{}", crate::report::headline(r));
     for f in &r.findings {
         println!(
             "FINDING {} [{}] x{}: {}{}",

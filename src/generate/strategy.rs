@@ -270,7 +270,7 @@ fn layout(hostile: bool) -> impl Strategy<Value = Draw> {
             (2, OffsetClass::Around2G),
             (2, OffsetClass::Around4G),
         ]),
-        weighted(vec![(40, false), (1, true)]),
+        weighted(vec![(24, false), (1, true)]),
     );
     let values = if hostile {
         Just(ValueKind::Hostile).sboxed()
