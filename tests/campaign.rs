@@ -94,9 +94,10 @@ fn clean_kernel_campaign_exits_zero_and_writes_report() {
     let d = tmp("clean");
     let (code, stdout, stderr) = run(&d, &["run", "--kernel", "cpu:chunked", "--cases", "40", "--seed", "7", "--no-replay", "--report", "rep"]);
     assert_eq!(code, 0, "{stdout}\n{stderr}");
-    assert!(stdout.contains("cpu:chunked: 40 clean"), "{stdout}");
+    assert!(stdout.contains("cpu:chunked: guard redundant on"), "{stdout}");
     let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(d.join("rep/report.json")).unwrap()).unwrap();
     assert_eq!(r["counts"]["cases_generated"], 40);
     assert_eq!(r["findings"].as_array().unwrap().len(), 0);
+    assert_eq!(r["per_kernel"]["cpu:chunked"]["clean"], 40);
     assert!(json_files(&d.join("corpus")).is_empty());
 }
