@@ -125,6 +125,31 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Measure this machine (the CPU reference against its FMA peak and numpy).
+    Bench {
+        #[command(subcommand)]
+        what: BenchCommand,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum BenchCommand {
+    /// Time the exact CPU reference on three production-like cases, 1 thread vs all,
+    /// against the measured f64 FMA peak and numpy's BLAS (when numpy is installed).
+    Reference {
+        /// Threads of the "all threads" column (default: all cores).
+        #[arg(long)]
+        threads: Option<usize>,
+        /// Minimum seconds of repeats per timing.
+        #[arg(long, default_value_t = 1.0)]
+        min_seconds: f64,
+        /// Skip the numpy column.
+        #[arg(long)]
+        no_numpy: bool,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -178,6 +203,20 @@ pub fn dispatch(cli: Cli) -> Result<i32, Fatal> {
         Command::Report { dir } => crate::report::cli::cmd_report(&dir),
         Command::Merge { dirs, out } => crate::report::cli::cmd_merge(&dirs, &out),
         Command::Diff { base, cand, json } => crate::report::cli::cmd_diff(&base, &cand, json),
+        Command::Bench {
+            what:
+                BenchCommand::Reference {
+                    threads,
+                    min_seconds,
+                    no_numpy,
+                    json,
+                },
+        } => crate::bench::run_reference_bench(&crate::bench::ReferenceBenchOptions {
+            threads,
+            json,
+            min_seconds,
+            no_numpy,
+        }),
     }
 }
 
