@@ -125,15 +125,11 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Measure this machine (the CPU reference against its FMA peak and numpy).
-    Bench {
-        #[command(subcommand)]
-        what: BenchCommand,
-    },
+    /// GPU oracle: kernel time, GPU-oracle time, CPU cross-check time and verified logits/s.
+    Oracle,
 }
-
 #[derive(Subcommand, Debug)]
-pub enum BenchCommand {
+pub enum Bench {
     /// Time the exact CPU reference on three production-like cases, 1 thread vs all,
     /// against the measured f64 FMA peak and numpy's BLAS (when numpy is installed).
     Reference {
@@ -150,10 +146,6 @@ pub enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
-}
-
-#[derive(Subcommand, Debug)]
-pub enum Bench {
     /// GPU oracle: kernel time, GPU-oracle time, CPU cross-check time and verified logits/s.
     Oracle,
 }
@@ -203,15 +195,12 @@ pub fn dispatch(cli: Cli) -> Result<i32, Fatal> {
         Command::Report { dir } => crate::report::cli::cmd_report(&dir),
         Command::Merge { dirs, out } => crate::report::cli::cmd_merge(&dirs, &out),
         Command::Diff { base, cand, json } => crate::report::cli::cmd_diff(&base, &cand, json),
-        Command::Bench {
-            what:
-                BenchCommand::Reference {
-                    threads,
-                    min_seconds,
-                    no_numpy,
-                    json,
-                },
-        } => crate::bench::run_reference_bench(&crate::bench::ReferenceBenchOptions {
+        Command::Bench(Bench::Reference {
+            threads,
+            min_seconds,
+            no_numpy,
+            json,
+        }) => crate::bench::run_reference_bench(&crate::bench::ReferenceBenchOptions {
             threads,
             json,
             min_seconds,
