@@ -125,8 +125,6 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// GPU oracle: kernel time, GPU-oracle time, CPU cross-check time and verified logits/s.
-    Oracle,
 }
 #[derive(Subcommand, Debug)]
 pub enum Bench {
