@@ -10,6 +10,7 @@ use mqa_fuzz::case::{Case, ValueLayout};
 use mqa_fuzz::fp8::Fp8Format;
 use mqa_fuzz::generate::*;
 use mqa_fuzz::harness::judge_once;
+use mqa_fuzz::kernel::exec::{ExecConfig, ExecKernel};
 use mqa_fuzz::kernel::{self, Kernel};
 use mqa_fuzz::oracle::{Class, Verdict};
 use std::process::Command;
@@ -30,9 +31,22 @@ macro_rules! require_python {
 }
 
 fn adapter(name: &str) -> Box<dyn Kernel> {
-    std::env::set_var("MQA_FUZZ_ADAPTERS", concat!(env!("CARGO_MANIFEST_DIR"), "/kernels/external"));
     kernel::open(name).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
+
+/// Opens an alias with extra environment for its worker (no process-wide `set_var`:
+/// tests run in parallel threads).
+fn adapter_with_env(name: &str, env: &[(&str, &str)]) -> Box<dyn Kernel> {
+    // Not through the alias: its availability probe does not see this environment.
+    let mut words = name.split_whitespace();
+    let script = format!("{FAKES}/../{}_adapter.py", words.next().unwrap());
+    let cmd = format!("python3 {script} {}", words.collect::<Vec<_>>().join(" "));
+    let mut cfg = ExecConfig::new(cmd);
+    cfg.worker_envs = vec![env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()];
+    Box::new(ExecKernel::start(name, cfg).unwrap_or_else(|e| panic!("{name}: {e}")))
+}
+
+const FAKES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/kernels/external/testing");
 
 pub fn recipe(lens: Vec<usize>, next_n: usize) -> Recipe {
     Recipe {
@@ -188,4 +202,47 @@ fn replay_command_exit_codes_with_the_numpy_adapter() {
     assert!(String::from_utf8_lossy(&o.stdout).contains("unwritten"));
     let o = run("numpy --plant no-such-bug");
     assert_eq!(o.status.code(), Some(3), "an adapter that refuses its arguments cannot run: environment");
+}
+
+#[test]
+fn torch_adapter_is_clean_on_the_cpu() {
+    require_python!("numpy", "torch");
+    let k = adapter("torch --cpu");
+    assert_eq!(k.capabilities().outside, mqa_fuzz::kernel::OutsideContract::NegInf);
+    let mut judged = 0;
+    for (n, case) in clean_cases().iter().enumerate() {
+        let v = judge_once(k.as_ref(), case);
+        if v.skipped.is_some() {
+            continue; // shuffle16 is not the layout engines' torch code reads
+        }
+        judged += 1;
+        assert!(v.is_clean(), "case {n}: {v:?}");
+    }
+    assert!(judged >= 3);
+}
+
+fn dg_case(lens: Vec<usize>, next_n: usize) -> Case {
+    Recipe { heads: 32, head_dim: 64, block_size: 64, ..recipe(lens, next_n) }.materialize()
+}
+
+#[test]
+fn deepgemm_adapter_against_a_fake_deep_gemm() {
+    require_python!("numpy", "torch");
+    let k = adapter_with_env("deepgemm", &[("PYTHONPATH", FAKES)]);
+    assert!(k.version().contains("2.8.2+fake"), "{}", k.version());
+    let caps = k.capabilities();
+    assert_eq!(caps.block_sizes, mqa_fuzz::kernel::BlockSizes::List(vec![64]));
+    for case in [dg_case(vec![300, 0, 17, 513], 2), dg_case(vec![64, 1000], 1)] {
+        let v = judge_once(k.as_ref(), &case);
+        assert!(v.is_clean(), "{v:?}");
+        assert_eq!(v.run.inputs_intact, Some(true));
+    }
+    // Outside the declared shapes: skipped by the harness, never sent.
+    let v = judge_once(k.as_ref(), &recipe(vec![30], 1).materialize());
+    assert!(v.skipped.is_some());
+    drop(k);
+    let k = adapter_with_env("deepgemm", &[("PYTHONPATH", FAKES), ("MQA_FUZZ_FAKE_BUG", "nan-last")]);
+    let v = judge_once(k.as_ref(), &dg_case(vec![300, 17], 2));
+    assert_eq!(classes(&v), vec![Class::Nan], "{v:?}");
+    assert!(!v.guard.redundant);
 }

@@ -21,6 +21,9 @@ import numpy as np
 PROTOCOL = 1
 POISON_BITS = 0x7FC0FFEE
 CHUNK_K = 256
+# Messages after which a CUDA/HIP context is unusable.
+DEVICE_FAULTS = ("illegal memory access", "CUDA error", "HIP error", "hipError", "unspecified launch failure",
+                 "misaligned address", "device-side assert")
 
 _DTYPES = {"U8": np.uint8, "I32": np.dtype("<i4"), "I64": np.dtype("<i8"), "F32": np.dtype("<f4")}
 _NAMES = {np.dtype(v).str: k for k, v in _DTYPES.items()}
@@ -324,3 +327,7 @@ def serve(hello, run, fault_spec=None, out=None):
         except Exception as e:  # noqa: BLE001 - any library failure is this case's crash
             traceback.print_exc(file=sys.stderr)
             send(out, {"type": "error", "id": rid, "kind": "crash", "message": f"{type(e).__name__}: {e}"})
+            if any(m in str(e) for m in DEVICE_FAULTS):
+                # The device context is gone after a fault: let mqa-fuzz start a fresh worker.
+                print("device fault: exiting so the next case gets a fresh context", file=sys.stderr, flush=True)
+                sys.exit(1)
