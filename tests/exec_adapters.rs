@@ -316,3 +316,32 @@ fn deepgemm_adapter_against_a_fake_deep_gemm() {
     assert_eq!(classes(&v), vec![Class::Nan], "{v:?}");
     assert!(!v.guard.redundant);
 }
+
+fn aiter_case(layout: ValueLayout, block_size: usize) -> Case {
+    Recipe { heads: 32, head_dim: 64, block_size, layout, format: Fp8Format::E4m3fnuz, ..recipe(vec![300, 0, 17, 129], 2) }
+        .materialize()
+}
+
+#[test]
+fn aiter_adapter_against_a_fake_aiter() {
+    require_python!("numpy", "torch");
+    let k = adapter_with_env("aiter --format e4m3fnuz", &[("PYTHONPATH", FAKES)]);
+    assert_eq!(k.capabilities().scale_placement, mqa_fuzz::case::ScalePlacement::InsideRelu);
+    for case in [aiter_case(ValueLayout::Normal, 1), aiter_case(ValueLayout::Shuffle16, 16), aiter_case(ValueLayout::Normal, 16)] {
+        let v = judge_once(k.as_ref(), &case);
+        assert!(v.is_clean(), "{v:?}");
+    }
+    drop(k);
+    // AITER #5591 (Preshuffle=False with bs > 1 reads token 0 of each block): caught.
+    let k = adapter_with_env("aiter --format e4m3fnuz", &[("PYTHONPATH", FAKES), ("MQA_FUZZ_FAKE_BUG", "token0")]);
+    assert!(judge_once(k.as_ref(), &aiter_case(ValueLayout::Shuffle16, 16)).is_clean());
+    let v = judge_once(k.as_ref(), &aiter_case(ValueLayout::Normal, 16));
+    assert!(classes(&v).contains(&Class::Mismatch), "{v:?}");
+    drop(k);
+    // The engines' guard turns a NaN in V(r) into -inf: still wrong, no longer NaN.
+    let bug = [("PYTHONPATH", FAKES), ("MQA_FUZZ_FAKE_BUG", "nan-last")];
+    let v = judge_once(adapter_with_env("aiter --format e4m3fnuz", &bug).as_ref(), &aiter_case(ValueLayout::Normal, 1));
+    assert_eq!(classes(&v), vec![Class::Nan]);
+    let v = judge_once(adapter_with_env("aiter --format e4m3fnuz --guard", &bug).as_ref(), &aiter_case(ValueLayout::Normal, 1));
+    assert_eq!(classes(&v), vec![Class::Inf]);
+}
