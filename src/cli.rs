@@ -1,13 +1,17 @@
 //! Command line (clap derive). Each subcommand parses here and runs in its module;
 //! errors come back as [`Fatal`] and are rendered once in `main`.
 
+use crate::campaign;
 use crate::case::{load_case_file, CaseFile};
 use crate::error::{exit, Fatal};
+use crate::generate::Profile;
 use crate::harness::{self, ReferenceCache};
 use crate::kernel;
 use crate::oracle::{OracleConfig, Verdict};
+use crate::report::Shard;
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
+use std::time::Duration;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -25,6 +29,26 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
+    /// Run a fuzz campaign: replay the corpus, generate cases, shrink and save findings, write a report.
+    Run(RunArgs),
+    /// Measure detection power: fuzz every planted-bug kernel from several seeds, and clean kernels for false positives.
+    Selftest {
+        /// Which planted bugs to fuzz.
+        #[arg(long, value_enum, default_value_t = crate::selftest::Backend::Cpu)]
+        backend: crate::selftest::Backend,
+        /// Budget of each campaign.
+        #[arg(long, value_parser = parse_duration, default_value = "60s")]
+        budget: Duration,
+        /// Seeds per planted bug.
+        #[arg(long, default_value_t = 5)]
+        seeds: u64,
+        /// Only kernels whose name contains one of these (repeatable).
+        #[arg(long)]
+        only: Vec<String>,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// List kernels and whether this machine can run them.
     Kernels {
         /// Print JSON instead of a table.
@@ -46,6 +70,30 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Re-render a report directory (junit.xml, summary.md, index.html, pictures) from its report.json.
+    Report {
+        /// Report directory (or its report.json).
+        dir: PathBuf,
+    },
+    /// Fold shard reports into one (counts add, findings deduplicate by signature).
+    Merge {
+        /// Shard report directories (or their report.json files).
+        #[arg(required = true)]
+        dirs: Vec<PathBuf>,
+        /// Directory to write the merged report into.
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Compare two reports: new, fixed and unchanged findings. Exit 1 on new findings.
+    Diff {
+        /// The baseline report directory (or report.json).
+        base: PathBuf,
+        /// The candidate report directory (or report.json).
+        cand: PathBuf,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Serve a built-in kernel over the worker protocol on stdin/stdout (used by
     /// `exec:` pools to isolate kernels in child processes).
     #[command(hide = true)]
@@ -62,14 +110,43 @@ pub enum Command {
 /// Runs the parsed command; returns the exit code.
 pub fn dispatch(cli: Cli) -> Result<i32, Fatal> {
     match cli.command {
+        Command::Run(args) => cmd_run(args),
+        Command::Selftest {
+            backend,
+            budget,
+            seeds,
+            only,
+            json,
+        } => {
+            crate::campaign::interrupt::install();
+            crate::selftest::run(&crate::selftest::Options {
+                backend,
+                budget,
+                seeds,
+                json,
+                only,
+                workdir: None,
+            })
+        }
         Command::Kernels { json } => cmd_kernels(json),
-        Command::Replay { files, kernel, topk, json } => cmd_replay(&files, kernel.as_deref(), topk, json),
+        Command::Replay {
+            files,
+            kernel,
+            topk,
+            json,
+        } => cmd_replay(&files, kernel.as_deref(), topk, json),
+        Command::Report { dir } => crate::report::cli::cmd_report(&dir),
+        Command::Merge { dirs, out } => crate::report::cli::cmd_merge(&dirs, &out),
+        Command::Diff { base, cand, json } => crate::report::cli::cmd_diff(&base, &cand, json),
         Command::Worker { kernel, fault } => cmd_worker(&kernel, fault.as_deref()),
     }
 }
 
 fn cmd_worker(name: &str, fault: Option<&str>) -> Result<i32, Fatal> {
-    let fault = fault.map(kernel::exec::server::Fault::parse).transpose().map_err(Fatal::usage)?;
+    let fault = fault
+        .map(kernel::exec::server::Fault::parse)
+        .transpose()
+        .map_err(Fatal::usage)?;
     kernel::exec::server::serve(name, fault)
 }
 
@@ -97,7 +174,12 @@ fn cmd_kernels(json: bool) -> Result<i32, Fatal> {
             Ok(()) => "available".to_string(),
             Err(why) => format!("unavailable: {why}"),
         };
-        println!("{:width$}  {:<11}  {}", e.name, if e.planted_bug { "planted bug" } else { "" }, status);
+        println!(
+            "{:width$}  {:<11}  {}",
+            e.name,
+            if e.planted_bug { "planted bug" } else { "" },
+            status
+        );
         println!("{:width$}  {:<11}  {}", "", "", e.description);
     }
     Ok(exit::CLEAN)
@@ -115,7 +197,11 @@ pub fn verdict_line(v: &Verdict) -> String {
             v.metrics.checked,
             v.metrics.max_err_over_bound,
             v.metrics.calc_diff,
-            if v.guard.redundant { "redundant" } else { "NEEDED" }
+            if v.guard.redundant {
+                "redundant"
+            } else {
+                "NEEDED"
+            }
         );
     }
     let classes: Vec<String> = v.classes.iter().map(|(c, n)| format!("{c} x{n}")).collect();
@@ -138,13 +224,21 @@ pub fn verdict_line(v: &Verdict) -> String {
     s
 }
 
-fn cmd_replay(files: &[PathBuf], kernel_name: Option<&str>, topk: usize, json: bool) -> Result<i32, Fatal> {
+fn cmd_replay(
+    files: &[PathBuf],
+    kernel_name: Option<&str>,
+    topk: usize,
+    json: bool,
+) -> Result<i32, Fatal> {
     // Load everything first: bad input is reported before any work is done.
     let cases: Vec<(PathBuf, CaseFile)> = files
         .iter()
         .map(|f| load_case_file(f).map(|c| (f.clone(), c)))
         .collect::<Result<_, _>>()?;
-    let cfg = OracleConfig { topk, ..Default::default() };
+    let cfg = OracleConfig {
+        topk,
+        ..Default::default()
+    };
     let mut any_finding = false;
     let mut out = Vec::new();
     for (path, file) in &cases {
@@ -181,5 +275,233 @@ fn cmd_replay(files: &[PathBuf], kernel_name: Option<&str>, topk: usize, json: b
     if json {
         println!("{}", serde_json::to_string_pretty(&out).unwrap());
     }
-    Ok(if any_finding { exit::FINDINGS } else { exit::CLEAN })
+    Ok(if any_finding {
+        exit::FINDINGS
+    } else {
+        exit::CLEAN
+    })
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct RunArgs {
+    /// Kernel to fuzz (repeatable; with two or more, they are also compared to each other).
+    /// Default: the best built-in kernel this machine can run.
+    #[arg(long = "kernel", short = 'k')]
+    pub kernels: Vec<String>,
+    /// What to generate.
+    #[arg(long, value_enum, default_value_t = Profile::All)]
+    pub profile: Profile,
+    /// Time budget, e.g. 90s, 10m, 1h (default 60s unless --cases is given).
+    #[arg(long, value_parser = parse_duration)]
+    pub budget: Option<Duration>,
+    /// Number of generated cases (stops at whichever of budget and cases comes first).
+    #[arg(long)]
+    pub cases: Option<u64>,
+    /// Campaign seed (default: random, printed). The same seed gives the same cases.
+    #[arg(long, value_parser = parse_seed)]
+    pub seed: Option<u64>,
+    /// Cases run at once (default: what the kernels prefer: 1 on the CPU, one per GPU).
+    #[arg(long)]
+    pub jobs: Option<usize>,
+    /// Corpus directory: replayed first; new findings are saved here.
+    #[arg(long, default_value = "corpus")]
+    pub corpus: PathBuf,
+    /// Report directory (default: reports/<UTC timestamp>).
+    #[arg(long)]
+    pub report: Option<PathBuf>,
+    /// Run shard I of N (seeds are partitioned); default from SLURM_ARRAY_TASK_ID/COUNT or JOB_COMPLETION_INDEX/JOB_COMPLETIONS.
+    #[arg(long, value_parser = parse_shard)]
+    pub shard: Option<Shard>,
+    /// Save findings as generated, without shrinking them.
+    #[arg(long)]
+    pub no_shrink: bool,
+    /// Do not replay the corpus first.
+    #[arg(long)]
+    pub no_replay: bool,
+    /// Longest time spent shrinking one finding.
+    #[arg(long, value_parser = parse_duration, default_value = "30s")]
+    pub shrink_budget: Duration,
+    /// k of the downstream top-k check (V3.2: 2048, V4-Pro: 1024, V4-Flash: 512).
+    #[arg(long, default_value_t = 2048)]
+    pub topk: usize,
+    /// Stop generating after this many distinct findings (e.g. 1 for a quick gate).
+    #[arg(long)]
+    pub max_findings: Option<usize>,
+    /// No progress output.
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
+}
+
+/// Parses `90`, `90s`, `10m`, `1h`, `500ms`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, unit) = match s.find(|c: char| !c.is_ascii_digit() && c != '.') {
+        Some(i) => (&s[..i], &s[i..]),
+        None => (s, "s"),
+    };
+    let x: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration like 90s, 10m or 1h"))?;
+    let secs = match unit {
+        "ms" => x / 1000.0,
+        "s" | "sec" => x,
+        "m" | "min" => x * 60.0,
+        "h" => x * 3600.0,
+        _ => {
+            return Err(format!(
+                "unknown unit {unit:?} in {s:?} (use ms, s, m or h)"
+            ))
+        }
+    };
+    if !secs.is_finite() || !(0.0..=1e9).contains(&secs) {
+        return Err(format!("{s:?} is out of range"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+fn parse_seed(s: &str) -> Result<u64, String> {
+    let r = match s.strip_prefix("0x") {
+        Some(h) => u64::from_str_radix(h, 16),
+        None => s.parse(),
+    };
+    r.map_err(|_| format!("{s:?} is not a seed (a decimal or 0x-hex 64-bit integer)"))
+}
+
+/// Parses `I/N` with 0 <= I < N.
+pub fn parse_shard(s: &str) -> Result<Shard, String> {
+    let (i, n) = s
+        .split_once('/')
+        .ok_or_else(|| format!("{s:?} is not a shard like 0/4"))?;
+    let index: u32 = i
+        .trim()
+        .parse()
+        .map_err(|_| format!("shard index {i:?} is not a number"))?;
+    let count: u32 = n
+        .trim()
+        .parse()
+        .map_err(|_| format!("shard count {n:?} is not a number"))?;
+    if count == 0 || index >= count {
+        return Err(format!("shard {s:?}: need 0 <= index < count"));
+    }
+    Ok(Shard { index, count })
+}
+
+/// Shard from a Slurm job array or a Kubernetes indexed Job, when present (see
+/// [`crate::report::shard_from_env`]: Slurm arrays not starting at 0 or with a step,
+/// and an index without its count, are handled there).
+pub fn shard_from_env() -> Result<Option<Shard>, Fatal> {
+    crate::report::shard_from_env()
+}
+
+fn cmd_run(args: RunArgs) -> Result<i32, Fatal> {
+    let kernels = if args.kernels.is_empty() {
+        let k = kernel::default_kernel_name().to_string();
+        eprintln!("mqa-fuzz: no --kernel given: fuzzing {k}, the best built-in kernel this machine can run");
+        vec![k]
+    } else {
+        args.kernels.clone()
+    };
+    let seed = args.seed.unwrap_or_else(|| {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        (t.as_nanos() as u64) ^ ((std::process::id() as u64) << 32)
+    });
+    let shard = match args.shard {
+        Some(s) => Some(s),
+        None => shard_from_env()?,
+    };
+    let report_dir = args.report.clone().unwrap_or_else(|| {
+        let base = PathBuf::from("reports").join(crate::util::utc_stamp(crate::util::unix_now()));
+        let mut p = base.clone();
+        let mut i = 2;
+        while p.exists() {
+            p = PathBuf::from(format!("{}-{i}", base.display()));
+            i += 1;
+        }
+        p
+    });
+    let mut cfg = campaign::Config::new(kernels, report_dir);
+    cfg.profile = args.profile;
+    cfg.budget = match (args.budget, args.cases) {
+        (Some(b), _) => Some(b),
+        (None, Some(_)) => None,
+        (None, None) => Some(Duration::from_secs(60)),
+    };
+    cfg.max_cases = args.cases;
+    cfg.seed = seed;
+    cfg.jobs = args.jobs;
+    cfg.corpus_dir = args.corpus.clone();
+    cfg.shard = shard;
+    cfg.shrink = !args.no_shrink;
+    cfg.shrink_budget = args.shrink_budget;
+    cfg.replay_corpus = !args.no_replay;
+    cfg.oracle.topk = args.topk;
+    cfg.quiet = args.quiet;
+    cfg.stop_after_findings = args.max_findings;
+    cfg.command_line = std::env::args().collect::<Vec<_>>().join(" ");
+    let shard_txt = shard
+        .map(|s| format!(", shard {}/{}", s.index, s.count))
+        .unwrap_or_default();
+    eprintln!(
+        "mqa-fuzz: campaign seed {seed:#x}, profile {}{shard_txt}, kernels {}; report in {}",
+        args.profile.name(),
+        cfg.kernels.join(", "),
+        cfg.report_dir.display()
+    );
+    let out = campaign::run(&cfg)?;
+    print_summary(&out.report, &cfg.report_dir);
+    Ok(out.exit_code)
+}
+
+fn print_summary(r: &crate::report::Report, dir: &std::path::Path) {
+    println!(
+        "{} case(s) generated, {} replayed from the corpus, {:.1}s{}",
+        r.counts.cases_generated,
+        r.counts.cases_replayed,
+        r.timings.wall_secs,
+        if r.interrupted { " (interrupted)" } else { "" }
+    );
+    for (name, st) in &r.per_kernel {
+        let g = &st.guard;
+        let guard = if g.redundant_cases == g.cases {
+            format!(
+                "guard redundant on {}/{} cases ({} rows, {} logits checked in the valid range); 95% upper bound on the per-case failure rate {:.2e}",
+                g.redundant_cases,
+                g.cases,
+                st.rows_checked,
+                st.logits_checked,
+                3.0 / (g.cases.max(1) as f64)
+            )
+        } else {
+            format!(
+                "guard NEEDED on {} of {} cases ({} rows; elements: {} nan, {} +inf, {} -inf)",
+                g.cases - g.redundant_cases,
+                g.cases,
+                g.rows_affected,
+                g.nan,
+                g.pos_inf,
+                g.neg_inf
+            )
+        };
+        println!(
+            "{name}: {} clean, {} with findings, {} skipped; {guard}",
+            st.clean, st.with_findings, st.skipped
+        );
+    }
+    for f in &r.findings {
+        println!(
+            "FINDING {} [{}] x{}: {}{}",
+            f.kernel,
+            f.class.map(|c| c.name()).unwrap_or("?"),
+            f.occurrences,
+            f.case_file.as_deref().unwrap_or("(not saved)"),
+            if f.replay_command.is_empty() {
+                String::new()
+            } else {
+                format!("\n  replay: {}", f.replay_command)
+            }
+        );
+    }
+    println!("report: {}", dir.display());
 }

@@ -23,10 +23,16 @@ pub struct Fatal {
 
 impl Fatal {
     pub fn usage(message: impl Into<String>) -> Self {
-        Fatal { code: exit::USAGE, message: message.into() }
+        Fatal {
+            code: exit::USAGE,
+            message: message.into(),
+        }
     }
     pub fn environment(message: impl Into<String>) -> Self {
-        Fatal { code: exit::ENVIRONMENT, message: message.into() }
+        Fatal {
+            code: exit::ENVIRONMENT,
+            message: message.into(),
+        }
     }
 }
 

@@ -233,7 +233,10 @@ mod tests {
                 }
                 assert_eq!((v * grid).fract(), 0.0, "{f} code {c:#04x} not on the grid");
                 let back = f.encode(v, false);
-                assert_eq!(back, c, "{f} code {c:#04x} value {v} re-encoded as {back:#04x}");
+                assert_eq!(
+                    back, c,
+                    "{f} code {c:#04x} value {v} re-encoded as {back:#04x}"
+                );
                 assert_eq!(f.encode(v, true), c);
             }
         }
@@ -248,7 +251,11 @@ mod tests {
                 let mid = (lo + hi) / 2.0;
                 let even = if c % 2 == 0 { c } else { c + 1 };
                 assert_eq!(f.encode(mid, false), even, "{f} tie {mid}");
-                assert_eq!(f.encode(-mid, false), apply_sign(f, even, true), "{f} tie -{mid}");
+                assert_eq!(
+                    f.encode(-mid, false),
+                    apply_sign(f, even, true),
+                    "{f} tie -{mid}"
+                );
                 // Just off the tie goes to the nearer neighbour.
                 let eps = (hi - lo) / 1024.0;
                 assert_eq!(f.encode(mid - eps, false), c);
@@ -289,5 +296,27 @@ mod tests {
         assert_eq!(E4m3fnuz.encode(-(2f64.powi(-11)), false), 0x00);
         assert_eq!(E4m3fn.encode(2f64.powi(-10) * 1.01, false), 0x01);
         assert_eq!(E4m3fnuz.encode(-(2f64.powi(-11)) * 1.01, false), 0x81);
+    }
+
+    #[test]
+    fn nan_codes_are_exactly_the_documented_ones() {
+        let nan_codes = |f: Fp8Format| {
+            (0..=255u8)
+                .filter(|&c| f.is_nan_code(c))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(nan_codes(E4m3fn), vec![0x7F, 0xFF]);
+        assert_eq!(nan_codes(E4m3fnuz), vec![0x80]);
+        for f in Fp8Format::ALL {
+            assert!(f.is_nan_code(f.nan_code()));
+            assert_eq!(f.decode(f.max_code()) as f64, f.max());
+            // Non-saturating: NaN and both infinities become the NaN code.
+            for x in [f64::NAN, -f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+                assert!(f.is_nan_code(f.encode(x, false)), "{f} {x}");
+            }
+            // Saturating: NaN stays NaN, infinities clamp to the signed max.
+            assert!(f.is_nan_code(f.encode(f64::NAN, true)));
+            assert_eq!(f.decode(f.encode(f64::NEG_INFINITY, true)) as f64, -f.max());
+        }
     }
 }

@@ -25,7 +25,12 @@ impl<'a> ReferenceCache<'a> {
     }
 
     pub fn with_selection(case: &'a Case, selection: RowSelection) -> Self {
-        ReferenceCache { case, selection, by_placement: HashMap::new(), time: Duration::ZERO }
+        ReferenceCache {
+            case,
+            selection,
+            by_placement: HashMap::new(),
+            time: Duration::ZERO,
+        }
     }
 
     pub fn get(&mut self, placement: ScalePlacement) -> &Reference {
@@ -37,7 +42,10 @@ impl<'a> ReferenceCache<'a> {
                 ScalePlacement::InsideRelu => ScalePlacement::AfterReluSum,
             };
             let r = match self.by_placement.get(&other) {
-                Some(r) if scales_positive(self.case) => Reference { placement, rows: r.rows.clone() },
+                Some(r) if scales_positive(self.case) => Reference {
+                    placement,
+                    rows: r.rows.clone(),
+                },
                 _ => reference::compute(self.case, placement, &self.selection),
             };
             self.time += start.elapsed();
@@ -62,15 +70,30 @@ pub struct Judged {
     pub verdict: Verdict,
     pub output: Option<OutputBuffer>,
     pub wall: Duration,
+    /// Set when the environment broke (driver gone, adapter missing): stop, exit 3.
+    pub environment_error: Option<String>,
 }
 
 /// Runs `case` on `kernel` and judges the result.
-pub fn run_and_judge(kernel: &dyn Kernel, case: &Case, refs: &mut ReferenceCache, cfg: &OracleConfig) -> Judged {
+pub fn run_and_judge(
+    kernel: &dyn Kernel,
+    case: &Case,
+    refs: &mut ReferenceCache,
+    cfg: &OracleConfig,
+) -> Judged {
     let caps = kernel.capabilities();
     let start = Instant::now();
     if let Some(why) = caps.rejects(case) {
-        let verdict = Verdict { skipped: Some(why), ..Default::default() };
-        return Judged { verdict, output: None, wall: start.elapsed() };
+        let verdict = Verdict {
+            skipped: Some(why),
+            ..Default::default()
+        };
+        return Judged {
+            verdict,
+            output: None,
+            wall: start.elapsed(),
+            environment_error: None,
+        };
     }
     let mut out = OutputBuffer::for_case(case);
     let result = kernel.run(case, &mut out);
@@ -80,18 +103,26 @@ pub fn run_and_judge(kernel: &dyn Kernel, case: &Case, refs: &mut ReferenceCache
         Ok(info) => oracle::judge(case, reference, caps, Ok((info, &out)), cfg),
         Err(e) => oracle::judge(case, reference, caps, Err(e), cfg),
     };
-    let output = matches!(result, Ok(_)).then_some(out);
-    Judged { verdict, output, wall }
-}
-
-/// Whether a run error should stop everything (environment) rather than be judged.
-pub fn is_environment(v: &Verdict) -> bool {
-    v.skipped.is_some() && v.classes.is_empty()
+    let environment_error = match &result {
+        Err(crate::kernel::RunError::Environment(m)) => Some(m.clone()),
+        _ => None,
+    };
+    let output = result.is_ok().then_some(out);
+    Judged {
+        verdict,
+        output,
+        wall,
+        environment_error,
+    }
 }
 
 /// Compares two kernels' outputs over V(r): elements where they differ by more than
 /// both bounds together (`divergent`). Both must have run cleanly enough to compare.
-pub fn divergence(case: &Case, a: (&dyn Kernel, &OutputBuffer), b: (&dyn Kernel, &OutputBuffer)) -> Option<String> {
+pub fn divergence(
+    case: &Case,
+    a: (&dyn Kernel, &OutputBuffer),
+    b: (&dyn Kernel, &OutputBuffer),
+) -> Option<String> {
     let ba = oracle::ErrorBound::for_kernel(a.0.capabilities().accumulation, &case.shape);
     let bb = oracle::ErrorBound::for_kernel(b.0.capabilities().accumulation, &case.shape);
     let placement_a = a.0.capabilities().scale_placement;
@@ -133,4 +164,3 @@ pub fn judge_once(kernel: &dyn Kernel, case: &Case) -> Verdict {
     let mut refs = ReferenceCache::new(case);
     run_and_judge(kernel, case, &mut refs, &OracleConfig::default()).verdict
 }
-

@@ -5,6 +5,7 @@
 //! generate (`generate`) → materialize (`case`) → run kernel (`kernel`) →
 //! reference (`reference`) → classify (`oracle`) → report (`report`).
 
+pub mod campaign;
 pub mod case;
 pub mod cli;
 pub mod error;
@@ -14,6 +15,8 @@ pub mod harness;
 pub mod kernel;
 pub mod oracle;
 pub mod reference;
+pub mod report;
+pub mod selftest;
 pub mod util;
 
 pub use case::{Case, ContextLens, ScalePlacement, Shape, ValueLayout};

@@ -6,7 +6,11 @@ fn main() {
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
-            let code = if e.use_stderr() { exit::USAGE } else { exit::CLEAN };
+            let code = if e.use_stderr() {
+                exit::USAGE
+            } else {
+                exit::CLEAN
+            };
             let _ = e.print();
             std::process::exit(code);
         }

@@ -189,7 +189,7 @@ pub(crate) fn to_hex(bytes: &[u8]) -> String {
 
 pub(crate) fn from_hex(s: &str) -> Result<Vec<u8>, String> {
     let s = s.as_bytes();
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return Err(format!("hex string has odd length {}", s.len()));
     }
     let nib = |c: u8| -> Result<u8, String> {
@@ -200,7 +200,9 @@ pub(crate) fn from_hex(s: &str) -> Result<Vec<u8>, String> {
             _ => Err(format!("invalid hex character {:?}", c as char)),
         }
     };
-    s.chunks(2).map(|p| Ok(nib(p[0])? << 4 | nib(p[1])?)).collect()
+    s.chunks(2)
+        .map(|p| Ok(nib(p[0])? << 4 | nib(p[1])?))
+        .collect()
 }
 
 // ---- Load -------------------------------------------------------------------------
@@ -209,11 +211,25 @@ pub(crate) fn from_hex(s: &str) -> Result<Vec<u8>, String> {
 pub fn load_case_file(path: &Path) -> Result<CaseFile, CaseFileError> {
     let meta = std::fs::metadata(path).map_err(|e| ferr(path, "file", e.to_string()))?;
     if meta.len() > MAX_JSON_BYTES {
-        return Err(ferr(path, "file", format!("{} bytes is above the {MAX_JSON_BYTES}-byte limit", meta.len())));
+        return Err(ferr(
+            path,
+            "file",
+            format!(
+                "{} bytes is above the {MAX_JSON_BYTES}-byte limit",
+                meta.len()
+            ),
+        ));
     }
     let text = std::fs::read(path).map_err(|e| ferr(path, "file", e.to_string()))?;
     if text.iter().all(|b| b.is_ascii_whitespace()) {
         return Err(ferr(path, "file", "is empty"));
+    }
+    if text.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(ferr(
+            path,
+            "json",
+            "a corpus file must hold one JSON object ({ ... })",
+        ));
     }
     // Check the version before the full parse, so an unknown version gets a clear
     // message instead of a field error from a format we do not know.
@@ -229,7 +245,9 @@ pub fn load_case_file(path: &Path) -> Result<CaseFile, CaseFileError> {
                 return Err(ferr(
                     path,
                     "format_version",
-                    format!("{other} is not supported (this mqa-fuzz reads version {FORMAT_VERSION})"),
+                    format!(
+                        "{other} is not supported (this mqa-fuzz reads version {FORMAT_VERSION})"
+                    ),
                 ))
             }
         }
@@ -243,7 +261,15 @@ pub fn load_case_file(path: &Path) -> Result<CaseFile, CaseFileError> {
         } else {
             inner.to_string()
         };
-        ferr(path, if field == "." { "json".to_string() } else { field }, msg)
+        ferr(
+            path,
+            if field == "." {
+                "json".to_string()
+            } else {
+                field
+            },
+            msg,
+        )
     })?;
     let case = case_from_json(path, parsed.case)?;
     case.validate()
@@ -278,17 +304,27 @@ fn case_from_json(path: &Path, c: CaseJson) -> Result<Case, CaseFileError> {
         kv: SparseKvCache::default(),
     };
     // Shape limits first: nothing below allocates from an unchecked dimension.
-    super::validate::validate_shape_dims(&case).map_err(|e| ferr(path, format!("case.{}", e.field), e.message))?;
+    super::validate::validate_shape_dims(&case)
+        .map_err(|e| ferr(path, format!("case.{}", e.field), e.message))?;
     let bb = case.shape.block_bytes();
     match c.tensors {
-        TensorsJson::Inline { q, weights, kv_blocks } => {
+        TensorsJson::Inline {
+            q,
+            weights,
+            kv_blocks,
+        } => {
             case.q = from_hex(&q).map_err(|m| ferr(path, "case.tensors.inline.q", m))?;
             case.weights = weights.into_iter().map(|w| w.0).collect();
             for (k, v) in kv_blocks {
                 let id: u64 = k.parse().map_err(|_| {
-                    ferr(path, format!("case.tensors.inline.kv_blocks.{k}"), "block id is not a non-negative integer")
+                    ferr(
+                        path,
+                        format!("case.tensors.inline.kv_blocks.{k}"),
+                        "block id is not a non-negative integer",
+                    )
                 })?;
-                let bytes = from_hex(&v).map_err(|m| ferr(path, format!("case.tensors.inline.kv_blocks.{k}"), m))?;
+                let bytes = from_hex(&v)
+                    .map_err(|m| ferr(path, format!("case.tensors.inline.kv_blocks.{k}"), m))?;
                 if bytes.len() != bb {
                     return Err(ferr(
                         path,
@@ -296,14 +332,35 @@ fn case_from_json(path: &Path, c: CaseJson) -> Result<Case, CaseFileError> {
                         format!("has {} bytes, block_size*(head_dim+4) is {bb}", bytes.len()),
                     ));
                 }
-                case.kv.blocks.insert(id, bytes);
+                if case.kv.blocks.insert(id, bytes).is_some() {
+                    return Err(ferr(
+                        path,
+                        format!("case.tensors.inline.kv_blocks.{k}"),
+                        format!("block {id} is given twice"),
+                    ));
+                }
             }
         }
         TensorsJson::Safetensors(rel) => {
             let st_path = sibling(path, &rel).ok_or_else(|| {
-                ferr(path, "case.tensors.safetensors", format!("{rel:?} must be a plain file name beside the JSON"))
+                ferr(
+                    path,
+                    "case.tensors.safetensors",
+                    format!("{rel:?} must be a plain file name beside the JSON"),
+                )
             })?;
-            load_tensors(&st_path, &mut case)?;
+            // Name the JSON file (what the user passed) and the tensor file with its field.
+            load_tensors(&st_path, &mut case).map_err(|e| {
+                ferr(
+                    path,
+                    format!(
+                        "case.tensors.safetensors ({}) {}",
+                        st_path.display(),
+                        e.field
+                    ),
+                    e.message,
+                )
+            })?;
         }
     }
     Ok(case)
@@ -321,28 +378,55 @@ fn load_tensors(path: &Path, case: &mut Case) -> Result<(), CaseFileError> {
     use safetensors::{Dtype, SafeTensors};
     let meta = std::fs::metadata(path).map_err(|e| ferr(path, "file", e.to_string()))?;
     if meta.len() > MAX_TENSOR_BYTES {
-        return Err(ferr(path, "file", format!("{} bytes is above the {MAX_TENSOR_BYTES}-byte limit", meta.len())));
+        return Err(ferr(
+            path,
+            "file",
+            format!(
+                "{} bytes is above the {MAX_TENSOR_BYTES}-byte limit",
+                meta.len()
+            ),
+        ));
     }
     let bytes = std::fs::read(path).map_err(|e| ferr(path, "file", e.to_string()))?;
     let st = SafeTensors::deserialize(&bytes).map_err(|e| ferr(path, "header", e.to_string()))?;
     let get = |name: &str, dtype: Dtype| -> Result<(Vec<usize>, &[u8]), CaseFileError> {
-        let t = st.tensor(name).map_err(|_| ferr(path, name, "tensor is missing"))?;
+        let t = st
+            .tensor(name)
+            .map_err(|_| ferr(path, name, "tensor is missing"))?;
         if t.dtype() != dtype {
-            return Err(ferr(path, name, format!("dtype is {:?}, expected {dtype:?}", t.dtype())));
+            return Err(ferr(
+                path,
+                name,
+                format!("dtype is {:?}, expected {dtype:?}", t.dtype()),
+            ));
         }
         Ok((t.shape().to_vec(), t.data()))
     };
     let s = case.shape.clone();
     let (shape, q) = get("q", Dtype::U8)?;
     if shape != [s.batch, s.next_n, s.heads, s.head_dim] {
-        return Err(ferr(path, "q", format!("shape {shape:?}, expected [{}, {}, {}, {}]", s.batch, s.next_n, s.heads, s.head_dim)));
+        return Err(ferr(
+            path,
+            "q",
+            format!(
+                "shape {shape:?}, expected [{}, {}, {}, {}]",
+                s.batch, s.next_n, s.heads, s.head_dim
+            ),
+        ));
     }
     case.q = q.to_vec();
     let (shape, w) = get("weights", Dtype::F32)?;
     if shape != [s.rows(), s.heads] {
-        return Err(ferr(path, "weights", format!("shape {shape:?}, expected [{}, {}]", s.rows(), s.heads)));
+        return Err(ferr(
+            path,
+            "weights",
+            format!("shape {shape:?}, expected [{}, {}]", s.rows(), s.heads),
+        ));
     }
-    case.weights = w.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+    case.weights = w
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
     let (id_shape, ids) = get("kv_block_ids", Dtype::I64)?;
     let (blk_shape, blks) = get("kv_blocks", Dtype::U8)?;
     let n = *id_shape.first().unwrap_or(&0);
@@ -350,16 +434,34 @@ fn load_tensors(path: &Path, case: &mut Case) -> Result<(), CaseFileError> {
         return Err(ferr(
             path,
             "kv_blocks",
-            format!("shape {blk_shape:?} with {id_shape:?} ids, expected [{n}, {}]", s.block_bytes()),
+            format!(
+                "shape {blk_shape:?} with {id_shape:?} ids, expected [{n}, {}]",
+                s.block_bytes()
+            ),
         ));
     }
     for (k, id) in ids.chunks_exact(8).enumerate() {
         let id = i64::from_le_bytes(id.try_into().unwrap());
         if id < 0 {
-            return Err(ferr(path, format!("kv_block_ids[{k}]"), format!("{id} is negative")));
+            return Err(ferr(
+                path,
+                format!("kv_block_ids[{k}]"),
+                format!("{id} is negative"),
+            ));
         }
         let bb = s.block_bytes();
-        case.kv.blocks.insert(id as u64, blks[k * bb..(k + 1) * bb].to_vec());
+        if case
+            .kv
+            .blocks
+            .insert(id as u64, blks[k * bb..(k + 1) * bb].to_vec())
+            .is_some()
+        {
+            return Err(ferr(
+                path,
+                format!("kv_block_ids[{k}]"),
+                format!("block {id} is given twice"),
+            ));
+        }
     }
     Ok(())
 }
@@ -371,12 +473,18 @@ fn load_tensors(path: &Path, case: &mut Case) -> Result<(), CaseFileError> {
 /// reader never sees a JSON file whose tensors are missing or half-written.
 pub fn save_case_file(path: &Path, file: &CaseFile) -> std::io::Result<()> {
     let c = &file.case;
-    let tensor_bytes = c.q.len() + 4 * c.weights.len() + c.kv.blocks.values().map(Vec::len).sum::<usize>();
+    let tensor_bytes =
+        c.q.len() + 4 * c.weights.len() + c.kv.blocks.values().map(Vec::len).sum::<usize>();
     let tensors = if tensor_bytes <= INLINE_LIMIT {
         TensorsJson::Inline {
             q: to_hex(&c.q),
             weights: c.weights.iter().map(|&w| F32Json(w)).collect(),
-            kv_blocks: c.kv.blocks.iter().map(|(id, b)| (id.to_string(), to_hex(b))).collect(),
+            kv_blocks: c
+                .kv
+                .blocks
+                .iter()
+                .map(|(id, b)| (id.to_string(), to_hex(b)))
+                .collect(),
         }
     } else {
         let st_name = format!(
@@ -419,16 +527,90 @@ pub fn tensors_to_safetensors(c: &Case) -> std::io::Result<Vec<u8>> {
     use safetensors::{tensor::TensorView, Dtype};
     let s = &c.shape;
     let w: Vec<u8> = c.weights.iter().flat_map(|w| w.to_le_bytes()).collect();
-    let ids: Vec<u8> = c.kv.blocks.keys().flat_map(|&id| (id as i64).to_le_bytes()).collect();
+    let ids: Vec<u8> =
+        c.kv.blocks
+            .keys()
+            .flat_map(|&id| (id as i64).to_le_bytes())
+            .collect();
     let blks: Vec<u8> = c.kv.blocks.values().flatten().copied().collect();
     let n = c.kv.blocks.len();
     let e = |e: safetensors::SafeTensorError| std::io::Error::other(e.to_string());
     let views = vec![
-        ("q", TensorView::new(Dtype::U8, vec![s.batch, s.next_n, s.heads, s.head_dim], &c.q).map_err(e)?),
-        ("weights", TensorView::new(Dtype::F32, vec![s.rows(), s.heads], &w).map_err(e)?),
-        ("kv_block_ids", TensorView::new(Dtype::I64, vec![n], &ids).map_err(e)?),
-        ("kv_blocks", TensorView::new(Dtype::U8, vec![n, s.block_bytes()], &blks).map_err(e)?),
+        (
+            "q",
+            TensorView::new(
+                Dtype::U8,
+                vec![s.batch, s.next_n, s.heads, s.head_dim],
+                &c.q,
+            )
+            .map_err(e)?,
+        ),
+        (
+            "weights",
+            TensorView::new(Dtype::F32, vec![s.rows(), s.heads], &w).map_err(e)?,
+        ),
+        (
+            "kv_block_ids",
+            TensorView::new(Dtype::I64, vec![n], &ids).map_err(e)?,
+        ),
+        (
+            "kv_blocks",
+            TensorView::new(Dtype::U8, vec![n, s.block_bytes()], &blks).map_err(e)?,
+        ),
     ];
     safetensors::serialize(views, None).map_err(e)
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round_trip(bits: u32) -> u32 {
+        let text = serde_json::to_string(&F32Json(f32::from_bits(bits))).unwrap();
+        serde_json::from_str::<F32Json>(&text).unwrap().0.to_bits()
+    }
+
+    /// Finite f32s travel as JSON numbers (shortest repr, parsed via f64) and the rest as
+    /// strings: every bit pattern must come back unchanged, including subnormals and NaN
+    /// payloads. Walks a stride through all 2^32 patterns plus the edges of each binade.
+    #[test]
+    fn f32_json_round_trips_bit_exactly() {
+        let mut bits: u32 = 0;
+        loop {
+            assert_eq!(round_trip(bits), bits, "{bits:#010x}");
+            let (next, overflow) = bits.overflowing_add(65_521); // prime stride
+            if overflow {
+                break;
+            }
+            bits = next;
+        }
+        for e in 0..=255u32 {
+            for m in [0u32, 1, 2, 0x3F_FFFF, 0x40_0000, 0x7F_FFFE, 0x7F_FFFF] {
+                for s in [0u32, 1 << 31] {
+                    let b = s | e << 23 | m;
+                    assert_eq!(round_trip(b), b, "{b:#010x}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn f32_json_accepts_the_documented_strings() {
+        let p = |s: &str| serde_json::from_str::<F32Json>(s).map(|x| x.0);
+        assert_eq!(p("\"inf\"").unwrap(), f32::INFINITY);
+        assert_eq!(p("\"-inf\"").unwrap(), f32::NEG_INFINITY);
+        assert!(p("\"nan\"").unwrap().is_nan());
+        assert_eq!(p("\"0x7fc00001\"").unwrap().to_bits(), 0x7FC0_0001);
+        assert_eq!(p("1.5").unwrap(), 1.5);
+        assert!(p("\"one\"").is_err());
+        assert!(p("\"0xZZ\"").is_err());
+    }
+
+    #[test]
+    fn hex_codec() {
+        assert_eq!(to_hex(&[0x00, 0x7f, 0x80, 0xff]), "007f80ff");
+        assert_eq!(from_hex("007F80ff").unwrap(), vec![0x00, 0x7f, 0x80, 0xff]);
+        assert!(from_hex("abc").is_err());
+        assert!(from_hex("zz").is_err());
+    }
+}

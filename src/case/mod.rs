@@ -8,7 +8,10 @@
 mod io;
 mod validate;
 
-pub use io::{load_case_file, save_case_file, CaseFile, CaseFileError, Provenance, FORMAT_VERSION};
+pub use io::{
+    load_case_file, save_case_file, tensors_to_safetensors, CaseFile, CaseFileError, Expected,
+    Provenance, FORMAT_VERSION,
+};
 pub use validate::{CaseError, MAX_NEXT_N};
 
 use crate::fp8::Fp8Format;

@@ -58,21 +58,30 @@ pub(crate) fn validate_shape_dims(c: &Case) -> Result<(), CaseError> {
     range("rows (batch*next_n)", s.rows(), 1, MAX_ROWS)?;
     range("heads", s.heads, 1, MAX_HEADS)?;
     range("head_dim", s.head_dim, 16, MAX_HEAD_DIM)?;
-    if s.head_dim % 16 != 0 {
-        return Err(err("head_dim", format!("{} is not a multiple of 16", s.head_dim)));
+    if !s.head_dim.is_multiple_of(16) {
+        return Err(err(
+            "head_dim",
+            format!("{} is not a multiple of 16", s.head_dim),
+        ));
     }
     range("block_size", s.block_size, 1, MAX_BLOCK_SIZE)?;
     if s.layout == ValueLayout::Shuffle16 {
-        if s.block_size % 16 != 0 {
+        if !s.block_size.is_multiple_of(16) {
             return Err(err(
                 "block_size",
-                format!("{} must be a multiple of 16 for layout shuffle16", s.block_size),
+                format!(
+                    "{} must be a multiple of 16 for layout shuffle16",
+                    s.block_size
+                ),
             ));
         }
-        if s.head_dim % 32 != 0 {
+        if !s.head_dim.is_multiple_of(32) {
             return Err(err(
                 "head_dim",
-                format!("{} must be a multiple of 32 for layout shuffle16", s.head_dim),
+                format!(
+                    "{} must be a multiple of 32 for layout shuffle16",
+                    s.head_dim
+                ),
             ));
         }
     }
@@ -80,7 +89,10 @@ pub(crate) fn validate_shape_dims(c: &Case) -> Result<(), CaseError> {
     if c.out_row_stride < c.max_model_len {
         return Err(err(
             "out_row_stride",
-            format!("{} is less than max_model_len {}", c.out_row_stride, c.max_model_len),
+            format!(
+                "{} is less than max_model_len {}",
+                c.out_row_stride, c.max_model_len
+            ),
         ));
     }
     if c.output_bytes() > MAX_OUTPUT_BYTES {
@@ -102,21 +114,33 @@ fn validate_tensor_sizes(c: &Case) -> Result<(), CaseError> {
     let s = &c.shape;
     let q_len = s.rows() * s.heads * s.head_dim;
     if c.q.len() != q_len {
-        return Err(err("q", format!("has {} codes, shape needs {q_len}", c.q.len())));
+        return Err(err(
+            "q",
+            format!("has {} codes, shape needs {q_len}", c.q.len()),
+        ));
     }
     let w_len = s.rows() * s.heads;
     if c.weights.len() != w_len {
-        return Err(err("weights", format!("has {} values, shape needs {w_len}", c.weights.len())));
+        return Err(err(
+            "weights",
+            format!("has {} values, shape needs {w_len}", c.weights.len()),
+        ));
     }
     let need = s.block_bytes() as u64;
     if c.kv_block_stride < need {
         return Err(err(
             "kv_block_stride",
-            format!("{} is less than block_size*(head_dim+4) = {need}", c.kv_block_stride),
+            format!(
+                "{} is less than block_size*(head_dim+4) = {need}",
+                c.kv_block_stride
+            ),
         ));
     }
-    if c.kv_block_stride % 4 != 0 {
-        return Err(err("kv_block_stride", format!("{} is not a multiple of 4", c.kv_block_stride)));
+    if !c.kv_block_stride.is_multiple_of(4) {
+        return Err(err(
+            "kv_block_stride",
+            format!("{} is not a multiple of 4", c.kv_block_stride),
+        ));
     }
     if c.num_blocks == 0 {
         return Err(err("num_blocks", "must be at least 1"));
@@ -124,13 +148,19 @@ fn validate_tensor_sizes(c: &Case) -> Result<(), CaseError> {
     if c.num_blocks.checked_mul(c.kv_block_stride).is_none() {
         return Err(err(
             "num_blocks",
-            format!("{} * kv_block_stride {} overflows 64 bits", c.num_blocks, c.kv_block_stride),
+            format!(
+                "{} * kv_block_stride {} overflows 64 bits",
+                c.num_blocks, c.kv_block_stride
+            ),
         ));
     }
     if c.num_blocks > i32::MAX as u64 + 1 {
         return Err(err(
             "num_blocks",
-            format!("{} exceeds what an int32 block table can address (2^31)", c.num_blocks),
+            format!(
+                "{} exceeds what an int32 block table can address (2^31)",
+                c.num_blocks
+            ),
         ));
     }
     Ok(())
@@ -209,7 +239,11 @@ fn validate_table_and_cache(c: &Case) -> Result<(), CaseError> {
     for (k, &e) in t.entries.iter().enumerate() {
         if e < i32::MIN as i64 || e > i32::MAX as i64 {
             return Err(err(
-                format!("block_table.entries[{}][{}]", k / t.row_stride.max(1), k % t.row_stride.max(1)),
+                format!(
+                    "block_table.entries[{}][{}]",
+                    k / t.row_stride.max(1),
+                    k % t.row_stride.max(1)
+                ),
                 format!("{e} does not fit in int32"),
             ));
         }
@@ -248,7 +282,10 @@ fn validate_table_and_cache(c: &Case) -> Result<(), CaseError> {
         if *id >= c.num_blocks {
             return Err(err(
                 "kv_block_ids",
-                format!("stored block {id} is outside 0..num_blocks ({})", c.num_blocks),
+                format!(
+                    "stored block {id} is outside 0..num_blocks ({})",
+                    c.num_blocks
+                ),
             ));
         }
         if bytes.len() != bb {

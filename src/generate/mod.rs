@@ -4,5 +4,7 @@
 //! [`Case`]: crate::case::Case
 
 pub mod recipe;
+pub mod strategy;
 
 pub use recipe::{LensRecipe, OffsetClass, Padding, Recipe, TableOrder, ValueKind};
+pub use strategy::{draw_strategy, Draw, Profile};

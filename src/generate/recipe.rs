@@ -161,26 +161,33 @@ impl Recipe {
         let bs = self.block_size;
         let longest = (0..batch).map(|b| self.seq_tokens(b)).max().unwrap_or(0);
         let max_model_len = (longest + self.model_len_slack).max(1);
-        let used: Vec<usize> = (0..batch).map(|b| self.seq_tokens(b).div_ceil(bs)).collect();
+        let used: Vec<usize> = (0..batch)
+            .map(|b| self.seq_tokens(b).div_ceil(bs))
+            .collect();
         let max_blocks = used.iter().copied().max().unwrap_or(0) + self.surplus_blocks;
         let max_blocks = max_blocks.max(1);
         let row_stride = max_blocks + self.table_stride_pad;
         let kv_block_stride = shape.block_bytes() as u64 + self.kv_stride_pad;
 
         // Logical ids 0..n_logical, then mapped to physical ids.
-        let prefix = if self.table_order == TableOrder::SharedPrefix { used.iter().copied().min().unwrap_or(0).min(used[0]) } else { 0 };
+        let prefix = if self.table_order == TableOrder::SharedPrefix {
+            used.iter().copied().min().unwrap_or(0).min(used[0])
+        } else {
+            0
+        };
         let mut logical: Vec<Vec<usize>> = Vec::with_capacity(batch);
         let mut next = 0usize;
         for (b, &u) in used.iter().enumerate() {
-            let mut row = Vec::with_capacity(u);
-            for j in 0..u {
-                if b > 0 && j < prefix {
-                    row.push(logical[0][j]);
-                } else {
-                    row.push(next);
-                    next += 1;
-                }
-            }
+            let row: Vec<usize> = (0..u)
+                .map(|j| {
+                    if b > 0 && j < prefix {
+                        logical[0][j]
+                    } else {
+                        next += 1;
+                        next - 1
+                    }
+                })
+                .collect();
             logical.push(row);
         }
         let n_logical = next;
@@ -210,40 +217,63 @@ impl Recipe {
                 Padding::Zero => 0,
                 Padding::MinusOne => -1,
                 Padding::Huge => i32::MAX as i64,
-                Padding::Garbage => (base + n_logical as u64 + (rng.next_u32() % 2) as u64).min(i32::MAX as u64) as i64,
+                Padding::Garbage => (base + n_logical as u64 + (rng.next_u32() % 2) as u64)
+                    .min(i32::MAX as u64) as i64,
             }
         };
         let mut entries = Vec::with_capacity(batch * row_stride);
         for row in &logical {
             for j in 0..row_stride {
-                entries.push(if j < row.len() { phys(row[j]) as i64 } else { pad_value(&mut rng) });
+                entries.push(if j < row.len() {
+                    phys(row[j]) as i64
+                } else {
+                    pad_value(&mut rng)
+                });
             }
         }
 
         let context_lens = match &self.lens {
-            LensRecipe::PerSequence(v) => ContextLens::PerSequence(v.iter().map(|&x| x as i64).collect()),
-            LensRecipe::PerToken(v) => ContextLens::PerToken(v.iter().map(|r| r.iter().map(|&x| x as i64).collect()).collect()),
+            LensRecipe::PerSequence(v) => {
+                ContextLens::PerSequence(v.iter().map(|&x| x as i64).collect())
+            }
+            LensRecipe::PerToken(v) => ContextLens::PerToken(
+                v.iter()
+                    .map(|r| r.iter().map(|&x| x as i64).collect())
+                    .collect(),
+            ),
         };
         let mut rows = shape.rows();
-        let out_row_stride = max_model_len + self.out_stride_pad;
+        // The output-offset axis: a row stride of 2^20 floats (max_model_len = 1<<20 in
+        // AITER #4244) so a few hundred rows pass 2^31 bytes.
+        let out_row_stride = if self.big_output {
+            (max_model_len + self.out_stride_pad).max(1 << 20)
+        } else {
+            max_model_len + self.out_stride_pad
+        };
         let mut context_lens = context_lens;
-        let mut entries = entries;
         let mut shape = shape;
         if self.big_output {
-            // Append zero-length sequences until the output passes 2^31 bytes by one row.
+            // Prepend zero-length sequences until their rows alone cover 2^31 bytes, so
+            // every row of the real sequences starts past 2 GiB (an int32 byte offset of
+            // any of their stores overflows). Built in one pass: prepending one sequence
+            // at a time is quadratic in the (possibly millions of) padding rows.
             let row_bytes = out_row_stride as u64 * 4;
-            let need_rows = ((1u64 << 31) / row_bytes + 1) as usize;
-            let need_rows = need_rows.div_ceil(self.next_n) * self.next_n;
-            while rows < need_rows {
-                shape.batch += 1;
-                rows += self.next_n;
-                match &mut context_lens {
-                    ContextLens::PerSequence(v) => v.insert(0, 0),
-                    ContextLens::PerToken(v) => v.insert(0, vec![0; self.next_n]),
+            let pad_rows = (1u64 << 31).div_ceil(row_bytes) as usize;
+            let pad_seqs = pad_rows.div_ceil(self.next_n);
+            shape.batch += pad_seqs;
+            rows += pad_seqs * self.next_n;
+            match &mut context_lens {
+                ContextLens::PerSequence(v) => {
+                    v.splice(0..0, std::iter::repeat_n(0, pad_seqs));
                 }
-                let pad: Vec<i64> = (0..row_stride).map(|_| pad_value(&mut rng)).collect();
-                entries.splice(0..0, pad);
+                ContextLens::PerToken(v) => {
+                    v.splice(0..0, std::iter::repeat_n(vec![0; self.next_n], pad_seqs));
+                }
             }
+            let pad: Vec<i64> = (0..pad_seqs * row_stride)
+                .map(|_| pad_value(&mut rng))
+                .collect();
+            entries.splice(0..0, pad);
         }
         let values = Values::draw(&shape, self.values, &mut rng, n_logical);
         let mut kv = SparseKvCache::default();
@@ -258,7 +288,11 @@ impl Recipe {
             num_blocks,
             kv_block_stride,
             context_lens,
-            block_table: BlockTable { max_blocks, row_stride, entries },
+            block_table: BlockTable {
+                max_blocks,
+                row_stride,
+                entries,
+            },
             max_model_len,
             out_row_stride,
             q: values.q,
@@ -299,7 +333,12 @@ fn pow2_ceil(x: f64) -> f64 {
 fn quantize(format: Fp8Format, xs: &[f32]) -> (Vec<u8>, f32) {
     let amax = xs.iter().fold(0f32, |m, x| m.max(x.abs())) as f64;
     let scale = pow2_ceil(amax.max(1e-4) / format.max());
-    (xs.iter().map(|&x| format.encode(x as f64 / scale, true)).collect(), scale as f32)
+    (
+        xs.iter()
+            .map(|&x| format.encode(x as f64 / scale, true))
+            .collect(),
+        scale as f32,
+    )
 }
 
 fn neg_code(format: Fp8Format, c: u8) -> u8 {
@@ -339,11 +378,17 @@ impl Values {
                     ValueKind::Extreme => ((0..d).map(|_| extreme_code(f, rng)).collect(), 1.0),
                     ValueKind::ReluBoundary => {
                         // Symmetric halves: q[d] == q[d + D/2].
-                        let half: Vec<u8> = (0..d / 2).map(|_| finite_code(f, rng) & 0x7F).collect();
-                        let half: Vec<u8> = half.into_iter().map(|c| if f.is_nan_code(c) { 0x30 } else { c }).collect();
+                        let half: Vec<u8> =
+                            (0..d / 2).map(|_| finite_code(f, rng) & 0x7F).collect();
+                        let half: Vec<u8> = half
+                            .into_iter()
+                            .map(|c| if f.is_nan_code(c) { 0x30 } else { c })
+                            .collect();
                         (half.iter().chain(half.iter()).copied().collect(), 1.0)
                     }
-                    ValueKind::AllNegative => ((0..d).map(|_| positive_code(f, rng)).collect(), 1.0),
+                    ValueKind::AllNegative => {
+                        ((0..d).map(|_| positive_code(f, rng)).collect(), 1.0)
+                    }
                 };
                 q.extend(codes);
                 let w = match kind {
@@ -363,24 +408,41 @@ impl Values {
                         let xs: Vec<f32> = (0..d).map(|_| gauss_bf16(rng)).collect();
                         quantize(f, &xs)
                     }
-                    ValueKind::UniformCodes => ((0..d).map(|_| finite_code(f, rng)).collect(), 2f32.powi(rng.random_range(-12..4))),
-                    ValueKind::Extreme => ((0..d).map(|_| extreme_code(f, rng)).collect(), 2f32.powi(rng.random_range(-14..-6))),
+                    ValueKind::UniformCodes => (
+                        (0..d).map(|_| finite_code(f, rng)).collect(),
+                        2f32.powi(rng.random_range(-12..4)),
+                    ),
+                    ValueKind::Extreme => (
+                        (0..d).map(|_| extreme_code(f, rng)).collect(),
+                        2f32.powi(rng.random_range(-14..-6)),
+                    ),
                     ValueKind::ReluBoundary => {
                         // k[D/2 + j] = -k[j]: every dot against a symmetric query is exactly 0;
                         // then nudge one code by one step in a third of the tokens.
                         let half: Vec<u8> = (0..d / 2).map(|_| finite_code(f, rng)).collect();
-                        let mut codes: Vec<u8> = half.iter().copied().chain(half.iter().map(|&c| neg_code(f, c))).collect();
+                        let mut codes: Vec<u8> = half
+                            .iter()
+                            .copied()
+                            .chain(half.iter().map(|&c| neg_code(f, c)))
+                            .collect();
                         if rng.random_range(0..3) == 0 {
                             let j = rng.random_range(0..d);
                             let c = codes[j];
-                            let bumped = if c & 0x7F < f.max_code() { c + 1 } else { c - 1 };
+                            let bumped = if c & 0x7F < f.max_code() {
+                                c + 1
+                            } else {
+                                c - 1
+                            };
                             if !f.is_nan_code(bumped) {
                                 codes[j] = bumped;
                             }
                         }
                         (codes, 2f32.powi(rng.random_range(-10..0)))
                     }
-                    ValueKind::AllNegative => ((0..d).map(|_| neg_code(f, positive_code(f, rng))).collect(), 2f32.powi(rng.random_range(-10..0))),
+                    ValueKind::AllNegative => (
+                        (0..d).map(|_| neg_code(f, positive_code(f, rng))).collect(),
+                        2f32.powi(rng.random_range(-10..0)),
+                    ),
                 };
                 Case::write_token(shape, &mut block, p, &codes, scale);
             }
@@ -404,7 +466,15 @@ impl Values {
             let i = rng.random_range(0..n);
             self.q[i] = odd_codes[rng.random_range(0..odd_codes.len())];
         }
-        let odd_f32 = [0.0f32, -0.0, -1.0, -0.015625, f32::INFINITY, f32::NEG_INFINITY, f32::NAN];
+        let odd_f32 = [
+            0.0f32,
+            -0.0,
+            -1.0,
+            -0.015625,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+        ];
         for _ in 0..rng.random_range(0..=2) {
             let i = rng.random_range(0..self.weights.len());
             self.weights[i] = odd_f32[rng.random_range(0..odd_f32.len())];
@@ -435,7 +505,11 @@ fn extreme_code(f: Fp8Format, rng: &mut TestRng) -> u8 {
         _ => rng.random_range(1..f.max_code()),
     };
     let c = sign | mag;
-    if f.is_nan_code(c) { mag } else { c }
+    if f.is_nan_code(c) {
+        mag
+    } else {
+        c
+    }
 }
 
 fn positive_code(f: Fp8Format, rng: &mut TestRng) -> u8 {

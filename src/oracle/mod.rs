@@ -107,7 +107,11 @@ pub fn show_f32(v: f32) -> String {
             format!("NaN({:#010x})", v.to_bits())
         }
     } else if v.is_infinite() {
-        if v > 0.0 { "+inf".into() } else { "-inf".into() }
+        if v > 0.0 {
+            "+inf".into()
+        } else {
+            "-inf".into()
+        }
     } else {
         format!("{v:e}")
     }
@@ -116,7 +120,13 @@ pub fn show_f32(v: f32) -> String {
 /// Classifies one element of V(r). `abs_mag` is asked for only when the cheap part of
 /// the bound does not already accept the element (it costs a D×H recomputation).
 #[inline]
-pub fn classify(got: f32, expected: f64, relu_mag: f64, bound: &ErrorBound, abs_mag: impl FnOnce() -> f64) -> ElementClass {
+pub fn classify(
+    got: f32,
+    expected: f64,
+    relu_mag: f64,
+    bound: &ErrorBound,
+    abs_mag: impl FnOnce() -> f64,
+) -> ElementClass {
     if got.to_bits() == POISON_BITS {
         return ElementClass::Finding(Class::Unwritten);
     }
@@ -227,7 +237,9 @@ impl Verdict {
     /// The most telling class (for signatures and headlines): the first in `Class::ALL`
     /// order, which puts value classes before case-level ones.
     pub fn primary_class(&self) -> Option<Class> {
-        Class::ALL.into_iter().find(|c| self.classes.contains_key(c))
+        Class::ALL
+            .into_iter()
+            .find(|c| self.classes.contains_key(c))
     }
     fn add(&mut self, class: Class, n: u64, ex: Option<Offender>, max_examples: usize) {
         *self.classes.entry(class).or_default() += n;
@@ -242,7 +254,15 @@ impl Verdict {
         self.add(
             class,
             1,
-            Some(Offender { class, row: None, pos: None, expected: None, got: None, bound: None, detail: Some(detail) }),
+            Some(Offender {
+                class,
+                row: None,
+                pos: None,
+                expected: None,
+                got: None,
+                bound: None,
+                detail: Some(detail),
+            }),
             usize::MAX,
         );
     }
@@ -258,7 +278,10 @@ pub struct OracleConfig {
 
 impl Default for OracleConfig {
     fn default() -> Self {
-        OracleConfig { topk: 2048, max_examples: 4 }
+        OracleConfig {
+            topk: 2048,
+            max_examples: 4,
+        }
     }
 }
 
@@ -271,7 +294,13 @@ pub fn judge(
     result: Result<(&RunInfo, &OutputBuffer), &RunError>,
     cfg: &OracleConfig,
 ) -> Verdict {
-    let mut v = Verdict { topk: TopKStats { k: cfg.topk, ..Default::default() }, ..Default::default() };
+    let mut v = Verdict {
+        topk: TopKStats {
+            k: cfg.topk,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
     let (info, out) = match result {
         Ok(x) => x,
         Err(RunError::Crash(msg)) => {
@@ -286,7 +315,10 @@ pub fn judge(
     debug_assert_eq!(reference.placement, caps.scale_placement);
     v.run = info.clone();
     if info.inputs_intact == Some(false) {
-        v.add_case_finding(Class::InputMutated, "an input buffer changed during the run".into());
+        v.add_case_finding(
+            Class::InputMutated,
+            "an input buffer changed during the run".into(),
+        );
     }
     let bound = ErrorBound::for_kernel(caps.accumulation, &case.shape);
     let (mut sxy, mut sxx) = (0.0f64, 0.0f64);
@@ -309,7 +341,15 @@ pub fn judge(
                 o.finite += 1;
             }
             if caps.outside == OutsideContract::NegInf && x != f32::NEG_INFINITY {
-                let ex = Offender { class: Class::NegInfContract, row: Some(r), pos: Some(t), expected: Some(f64::NEG_INFINITY), got: Some(show_f32(x)), bound: None, detail: None };
+                let ex = Offender {
+                    class: Class::NegInfContract,
+                    row: Some(r),
+                    pos: Some(t),
+                    expected: Some(f64::NEG_INFINITY),
+                    got: Some(show_f32(x)),
+                    bound: None,
+                    detail: None,
+                };
                 v.add(Class::NegInfContract, 1, Some(ex), cfg.max_examples);
             }
         }
@@ -328,10 +368,39 @@ pub fn judge(
             }
         }
         v.guard.rows_affected += affected as u64;
-        let Some(rref) = &reference.rows[r] else { continue };
+        let Some(rref) = &reference.rows[r] else {
+            // A row outside the sample: its finite values go unjudged, but a NaN, ±inf or
+            // surviving poison is judged against the reference of that one element, so a
+            // sampled verdict is never "clean" while the guard says it is needed.
+            if affected {
+                for (t, &got) in row[..len].iter().enumerate() {
+                    if got.is_finite() {
+                        continue;
+                    }
+                    let (exp, relu_mag, abs_mag) =
+                        crate::reference::element(case, reference.placement, r, t);
+                    match classify(got, exp, relu_mag, &bound, || abs_mag) {
+                        ElementClass::Finding(c) => {
+                            let ex = Offender {
+                                class: c,
+                                row: Some(r),
+                                pos: Some(t),
+                                expected: Some(exp),
+                                got: Some(show_f32(got)),
+                                bound: Some(bound.full(relu_mag, abs_mag)),
+                                detail: Some("row outside the reference sample".into()),
+                            };
+                            v.add(c, 1, Some(ex), cfg.max_examples);
+                        }
+                        ElementClass::Undefined => v.hostile.undefined += 1,
+                        ElementClass::Ok => {}
+                    }
+                }
+            }
+            continue;
+        };
         v.metrics.rows_checked += 1;
-        for t in 0..len {
-            let got = row[t];
+        for (t, &got) in row[..len].iter().enumerate() {
             let exp = rref.value[t];
             let mut full_bound = None;
             let class = classify(got, exp, rref.relu_mag[t], &bound, || {
@@ -370,33 +439,56 @@ pub fn judge(
                         let err = (got as f64 - exp).abs();
                         v.metrics.max_abs_err = v.metrics.max_abs_err.max(err);
                         if let Some(b) = b.filter(|b| *b > 0.0) {
-                            v.metrics.max_err_over_bound = v.metrics.max_err_over_bound.max(err / b);
+                            v.metrics.max_err_over_bound =
+                                v.metrics.max_err_over_bound.max(err / b);
                         }
                         sxy += got as f64 * exp;
                         sxx += (got as f64).powi(2) + exp * exp;
                     } else {
                         v.metrics.max_err_over_bound = f64::INFINITY;
                     }
-                    let ex = Offender { class: c, row: Some(r), pos: Some(t), expected: Some(exp), got: Some(show_f32(got)), bound: b, detail: None };
+                    let ex = Offender {
+                        class: c,
+                        row: Some(r),
+                        pos: Some(t),
+                        expected: Some(exp),
+                        got: Some(show_f32(got)),
+                        bound: b,
+                        detail: None,
+                    };
                     v.add(c, 1, Some(ex), cfg.max_examples);
                 }
             }
         }
         // Downstream top-k for rows longer than k.
-        if len > cfg.topk {
+        if cfg.topk > 0 && len > cfg.topk {
             v.topk.rows_checked += 1;
-            if let TopKOutcome::Inconsistent { detail } = topk_consistent(&row[..len], rref, &bound, cfg.topk, |t| {
-                let (_, m, a) = crate::reference::element(case, reference.placement, r, t);
-                bound.full(m, a)
-            }) {
+            if let TopKOutcome::Inconsistent { detail } =
+                topk_consistent(&row[..len], rref, &bound, cfg.topk, |t| {
+                    let (_, m, a) = crate::reference::element(case, reference.placement, r, t);
+                    bound.full(m, a)
+                })
+            {
                 v.topk.rows_failed += 1;
-                let ex = Offender { class: Class::Topk, row: Some(r), pos: None, expected: None, got: None, bound: None, detail: Some(detail) };
+                let ex = Offender {
+                    class: Class::Topk,
+                    row: Some(r),
+                    pos: None,
+                    expected: None,
+                    got: None,
+                    bound: None,
+                    detail: Some(detail),
+                };
                 v.add(Class::Topk, 1, Some(ex), cfg.max_examples);
             }
         }
     }
     v.guard.redundant = v.guard.nan + v.guard.pos_inf + v.guard.neg_inf == 0;
-    v.metrics.calc_diff = if sxx > 0.0 { 1.0 - 2.0 * sxy / sxx } else { 0.0 };
+    v.metrics.calc_diff = if sxx > 0.0 {
+        1.0 - 2.0 * sxy / sxx
+    } else {
+        0.0
+    };
     // Around the output: guards and row padding.
     let oob = out.out_of_bounds_writes();
     if !oob.is_empty() {
@@ -408,15 +500,32 @@ pub fn judge(
             out.row_stride,
             out.cols
         );
-        let ex = Offender { class: Class::OobWrite, row: None, pos: None, expected: None, got: None, bound: None, detail: Some(detail) };
-        v.add(Class::OobWrite, oob.len() as u64, Some(ex), cfg.max_examples);
+        let ex = Offender {
+            class: Class::OobWrite,
+            row: None,
+            pos: None,
+            expected: None,
+            got: None,
+            bound: None,
+            detail: Some(detail),
+        };
+        v.add(
+            Class::OobWrite,
+            oob.len() as u64,
+            Some(ex),
+            cfg.max_examples,
+        );
     }
     v
 }
 
 /// Bitwise comparison of two runs over V(r): the number of differing elements and
 /// the first one (for `nondeterministic`).
-pub fn compare_runs(case: &Case, a: &OutputBuffer, b: &OutputBuffer) -> (u64, Option<(usize, usize)>) {
+pub fn compare_runs(
+    case: &Case,
+    a: &OutputBuffer,
+    b: &OutputBuffer,
+) -> (u64, Option<(usize, usize)>) {
     let (mut n, mut first) = (0u64, None);
     for r in 0..case.rows() {
         let len = case.valid_len(r);

@@ -22,7 +22,12 @@ pub fn topk_consistent(
 ) -> TopKOutcome {
     if let Some(t) = row.iter().position(|x| x.is_nan()) {
         // A radix select over float bits leaves slots unfilled: garbage indices.
-        return TopKOutcome::Inconsistent { detail: format!("row holds NaN (first at {t}): the radix top-k emits garbage indices") };
+        return TopKOutcome::Inconsistent {
+            detail: format!("row holds NaN (first at {t}): the radix top-k emits garbage indices"),
+        };
+    }
+    if k == 0 || k >= row.len() {
+        return TopKOutcome::Consistent; // selects nothing, or everything
     }
     if rref.value.iter().any(|v| !v.is_finite()) {
         return TopKOutcome::Consistent; // undefined reference: nothing to compare
@@ -31,34 +36,42 @@ pub fn topk_consistent(
     // Kernel's selection: k largest by value (index order breaks ties).
     idx.select_nth_unstable_by(k - 1, |&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
     let (sel, rest) = idx.split_at(k);
-    // Cheap bound first; refine only the two extreme candidates.
-    let lo = |t: usize| rref.value[t] + bound.lower(rref.relu_mag[t]);
-    let hi = |t: usize| rref.value[t] - bound.lower(rref.relu_mag[t]);
-    let (mut worst_sel, mut min_sel) = (sel[0], f64::INFINITY);
-    for &t in sel {
-        if lo(t) < min_sel {
-            min_sel = lo(t);
-            worst_sel = t;
-        }
-    }
-    let (mut best_rest, mut max_rest) = (usize::MAX, f64::NEG_INFINITY);
-    for &u in rest {
-        if hi(u) > max_rest {
-            max_rest = hi(u);
-            best_rest = u;
-        }
-    }
-    if best_rest == usize::MAX || max_rest <= min_sel {
+    // Cheap bounds first (`lower` ≤ full bound, so agreement under them is agreement).
+    let up_cheap = |t: usize| rref.value[t] + bound.lower(rref.relu_mag[t]);
+    let down_cheap = |u: usize| rref.value[u] - bound.lower(rref.relu_mag[u]);
+    let min_sel = sel
+        .iter()
+        .map(|&t| up_cheap(t))
+        .fold(f64::INFINITY, f64::min);
+    let max_rest = rest
+        .iter()
+        .map(|&u| down_cheap(u))
+        .fold(f64::NEG_INFINITY, f64::max);
+    if max_rest <= min_sel {
         return TopKOutcome::Consistent;
     }
-    // Refine with full bounds (larger, so may accept) for the extreme pair.
-    let sel_ub = rref.value[worst_sel] + full_bound(worst_sel);
-    let rest_lb = rref.value[best_rest] - full_bound(best_rest);
-    if rest_lb <= sel_ub {
-        // The pair is tied within bounds; a full re-check of every pair would be
-        // quadratic, and a violation elsewhere implies a worse element pair anyway.
+    // Refine with the full bounds. Only a selected t with up_cheap(t) < max_rest can be
+    // certainly below some unselected u, and only a u with down_cheap(u) > min_sel can
+    // be certainly above some t (full bounds only widen the intervals), so checking the
+    // candidates with their full bounds is exact, not a heuristic.
+    let mut worst_sel = (f64::INFINITY, usize::MAX);
+    for &t in sel.iter().filter(|&&t| up_cheap(t) < max_rest) {
+        let up = rref.value[t] + full_bound(t);
+        if up < worst_sel.0 {
+            worst_sel = (up, t);
+        }
+    }
+    let mut best_rest = (f64::NEG_INFINITY, usize::MAX);
+    for &u in rest.iter().filter(|&&u| down_cheap(u) > min_sel) {
+        let down = rref.value[u] - full_bound(u);
+        if down > best_rest.0 {
+            best_rest = (down, u);
+        }
+    }
+    if worst_sel.1 == usize::MAX || best_rest.1 == usize::MAX || best_rest.0 <= worst_sel.0 {
         return TopKOutcome::Consistent;
     }
+    let (worst_sel, best_rest) = (worst_sel.1, best_rest.1);
     TopKOutcome::Inconsistent {
         detail: format!(
             "top-{k} selects position {worst_sel} (exact {:e}) but leaves out {best_rest} (exact {:e})",

@@ -40,9 +40,7 @@ pub enum RowSelection {
 /// ReLU that keeps NaN (Rust's `f64::max(NaN, 0)` would return 0 and hide it).
 #[inline]
 pub fn relu(x: f64) -> f64 {
-    if x > 0.0 {
-        x
-    } else if x.is_nan() {
+    if x > 0.0 || x.is_nan() {
         x
     } else {
         0.0
@@ -93,7 +91,10 @@ pub fn compute(case: &Case, placement: ScalePlacement, sel: &RowSelection) -> Re
         .into_par_iter()
         .map(|r| want[r].then(|| compute_row(case, placement, r)))
         .collect();
-    Reference { placement, rows: out }
+    Reference {
+        placement,
+        rows: out,
+    }
 }
 
 /// One row: decode its queries once, then one exact dot per head and position.
@@ -102,7 +103,11 @@ pub fn compute_row(case: &Case, placement: ScalePlacement, r: usize) -> RowRefer
     let (b, i) = (r / s.next_n, r % s.next_n);
     let table = s.format.table();
     let q: Vec<f64> = (0..s.heads)
-        .flat_map(|h| case.q_codes(b, i, h).iter().map(|&c| table[c as usize] as f64))
+        .flat_map(|h| {
+            case.q_codes(b, i, h)
+                .iter()
+                .map(|&c| table[c as usize] as f64)
+        })
         .collect();
     let w = &case.weights[r * s.heads..(r + 1) * s.heads];
     let len = case.valid_len(r);
@@ -118,13 +123,38 @@ pub fn compute_row(case: &Case, placement: ScalePlacement, r: usize) -> RowRefer
         }
         for (h, dot) in dots.iter_mut().enumerate() {
             let qh = &q[h * s.head_dim..(h + 1) * s.head_dim];
-            *dot = qh.iter().zip(&k).map(|(a, b)| a * b).sum();
+            *dot = exact_dot(qh, &k);
         }
         let (v, m) = combine(placement, w, &dots, case.k_scale(block, p));
         value.push(v);
         relu_mag.push(m);
     }
     RowReference { value, relu_mag }
+}
+
+/// Dot product of decoded fp8 vectors with eight independent accumulators. Every
+/// product and partial sum is a multiple of 2^-18 (fn) or 2^-20 (fnuz) far below 2^53
+/// units, so each addition is exact and the result is the same in any order: the lanes
+/// change nothing but let the compiler vectorize (a plain `.sum()` must keep f64's
+/// sequential order and does not).
+#[inline]
+pub fn exact_dot(a: &[f64], b: &[f64]) -> f64 {
+    let mut lanes = [0f64; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f64 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for l in 0..8 {
+            lanes[l] += x[l] * y[l];
+        }
+    }
+    ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5]))
+        + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]))
+        + tail
 }
 
 /// The terms of one element computed the plain way, independently of
@@ -142,13 +172,19 @@ pub fn element(case: &Case, placement: ScalePlacement, r: usize, t: usize) -> (f
         let q = case.q_codes(b, i, h);
         let (mut dot, mut abs) = (0.0f64, 0.0f64);
         for (d, &qc) in q.iter().enumerate() {
-            let prod = s.format.decode(qc) as f64 * s.format.decode(case.k_code(block, p, d)) as f64;
+            let prod =
+                s.format.decode(qc) as f64 * s.format.decode(case.k_code(block, p, d)) as f64;
             dot += prod;
             abs += prod.abs();
         }
         dots.push(dot);
         abs_mag += (case.weight(r, h) as f64).abs() * abs;
     }
-    let (v, m) = combine(placement, &case.weights[r * s.heads..(r + 1) * s.heads], &dots, scale);
+    let (v, m) = combine(
+        placement,
+        &case.weights[r * s.heads..(r + 1) * s.heads],
+        &dots,
+        scale,
+    );
     (v, m, abs_mag * (scale as f64).abs())
 }

@@ -106,11 +106,21 @@ impl ChunkedKernel {
             None => "cpu:chunked".to_string(),
             Some(p) => format!("cpu:bug-{}", p.name()),
         };
-        ChunkedKernel { name, plant, naive: false, caps: Capabilities::everything(ScalePlacement::AfterReluSum) }
+        ChunkedKernel {
+            name,
+            plant,
+            naive: false,
+            caps: Capabilities::everything(ScalePlacement::AfterReluSum),
+        }
     }
 
     pub fn naive() -> Self {
-        ChunkedKernel { name: "cpu:naive".into(), plant: None, naive: true, caps: Capabilities::everything(ScalePlacement::AfterReluSum) }
+        ChunkedKernel {
+            name: "cpu:naive".into(),
+            plant: None,
+            naive: true,
+            caps: Capabilities::everything(ScalePlacement::AfterReluSum),
+        }
     }
 
     fn has(&self, p: Plant) -> bool {
@@ -138,7 +148,10 @@ impl ChunkedKernel {
     fn believed_seq_tokens(&self, case: &Case, b: usize) -> usize {
         let n = case.shape.next_n;
         if self.has(Plant::Ctx2dIgnored) && case.context_lens.is_2d() {
-            return (0..n).map(|i| self.believed_len(case, b * n + i)).max().unwrap_or(0);
+            return (0..n)
+                .map(|i| self.believed_len(case, b * n + i))
+                .max()
+                .unwrap_or(0);
         }
         case.seq_tokens(b)
     }
@@ -152,10 +165,14 @@ impl ChunkedKernel {
             if self.has(Plant::ShortRowSkipped) && tokens < s.next_n {
                 continue;
             }
-            let chunks = if self.has(Plant::TailUnwritten) { tokens / CHUNK_K } else { tokens.div_ceil(CHUNK_K) };
+            let chunks = if self.has(Plant::TailUnwritten) {
+                tokens / CHUNK_K
+            } else {
+                tokens.div_ceil(CHUNK_K)
+            };
             items.extend((0..chunks).map(|c| (b, c)));
         }
-        if items.is_empty() && self.has(Plant::ZeroBatch) && s.batch % 32 == 0 {
+        if items.is_empty() && self.has(Plant::ZeroBatch) && s.batch.is_multiple_of(32) {
             // The scheduler's search runs off the end and worker 0 gets the sentinel.
             return vec![(s.batch, 0, 0)];
         }
@@ -197,7 +214,9 @@ impl ChunkedKernel {
         let p = t % bs;
         let idx = b * case.block_table.row_stride + j;
         let id = *case.block_table.entries.get(idx).ok_or_else(|| {
-            RunError::Crash(format!("illegal address: block_table[{b}][{j}] is past the table"))
+            RunError::Crash(format!(
+                "illegal address: block_table[{b}][{j}] is past the table"
+            ))
         })?;
         let stride = case.kv_block_stride;
         let base: i64 = if self.has(Plant::Offset32Kv) {
@@ -207,26 +226,37 @@ impl ChunkedKernel {
         };
         // The common case: a stored block at its true address. Anything else (wrapped
         // offsets, padding ids, unreferenced blocks) goes through the device view.
-        let fast = id >= 0 && base == id * stride as i64 && case.kv.blocks.contains_key(&(id as u64));
+        let fast =
+            id >= 0 && base == id * stride as i64 && case.kv.blocks.contains_key(&(id as u64));
         if fast {
             let block = case.block(id as u64);
-            let k = (0..s.head_dim).map(|d| table[case.k_code(block, p, d) as usize]).collect();
-            return Ok(Key { k, scale: case.k_scale(block, p) });
+            let k = (0..s.head_dim)
+                .map(|d| table[case.k_code(block, p, d) as usize])
+                .collect();
+            return Ok(Key {
+                k,
+                scale: case.k_scale(block, p),
+            });
         }
-        let fault = |what: &str| RunError::Crash(format!("illegal address: {what} of block id {id} (block_table[{b}][{j}]) at byte offset {base} of a {}-byte cache", dev.len()));
+        let fault = |what: &str| {
+            RunError::Crash(format!("illegal address: {what} of block id {id} (block_table[{b}][{j}]) at byte offset {base} of a {}-byte cache", dev.len()))
+        };
         let mut k = Vec::with_capacity(s.head_dim);
         for d in 0..s.head_dim {
             let off = base + s.layout.value_offset(s.head_dim, p, d) as i64;
             k.push(table[dev.byte(off).ok_or_else(|| fault("value"))? as usize]);
         }
-        let scale = dev.f32_le(base + (bs * s.head_dim + 4 * p) as i64).ok_or_else(|| fault("scale"))?;
+        let scale = dev
+            .f32_le(base + (bs * s.head_dim + 4 * p) as i64)
+            .ok_or_else(|| fault("scale"))?;
         Ok(Key { k, scale })
     }
 
     /// The f32 logit of one row against one key. Eight partial sums per dot (any order
     /// is within the f32 bound, and this one vectorizes).
     fn logit(&self, q: &[f32], w: &[f32], key: &Key, head_dim: usize) -> f32 {
-        let inside = self.caps.scale_placement == ScalePlacement::InsideRelu || self.has(Plant::ScaleBeforeRelu);
+        let inside = self.caps.scale_placement == ScalePlacement::InsideRelu
+            || self.has(Plant::ScaleBeforeRelu);
         let mut acc = 0f32;
         for (h, &wh) in w.iter().enumerate() {
             let qh = &q[h * head_dim..(h + 1) * head_dim];
@@ -236,7 +266,8 @@ impl ChunkedKernel {
                     lanes[l] += qc[l] * kc[l];
                 }
             }
-            let dot = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+            let dot = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5]))
+                + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
             let x = if inside { dot * key.scale } else { dot };
             acc += wh * relu32(x);
         }
@@ -251,7 +282,9 @@ impl ChunkedKernel {
         let s = &case.shape;
         let table = self.table(case);
         let (b, i) = (r / s.next_n, r % s.next_n);
-        (0..s.heads).flat_map(|h| case.q_codes(b, i, h).iter().map(|&c| table[c as usize])).collect()
+        (0..s.heads)
+            .flat_map(|h| case.q_codes(b, i, h).iter().map(|&c| table[c as usize]))
+            .collect()
     }
 
     fn run_naive(&self, case: &Case, out: &mut OutputBuffer) -> Result<(), RunError> {
@@ -263,7 +296,14 @@ impl ChunkedKernel {
                 let q = self.decoded_q(case, r);
                 let w = &case.weights[r * s.heads..(r + 1) * s.heads];
                 (0..case.valid_len(r))
-                    .map(|t| Ok(self.logit(&q, w, &self.load_key(case, &dev, r / s.next_n, t)?, s.head_dim)))
+                    .map(|t| {
+                        Ok(self.logit(
+                            &q,
+                            w,
+                            &self.load_key(case, &dev, r / s.next_n, t)?,
+                            s.head_dim,
+                        ))
+                    })
                     .collect()
             })
             .collect();
@@ -297,7 +337,9 @@ impl ChunkedKernel {
                     let needed = lens.iter().any(|&l| t < l);
                     // The padding-reading mutant loads every key of the chunk it can
                     // address through the table, before masking.
-                    let prefetch = self.has(Plant::TablePaddingRead) && t >= seq_tokens && t / s.block_size < case.block_table.max_blocks;
+                    let prefetch = self.has(Plant::TablePaddingRead)
+                        && t >= seq_tokens
+                        && t / s.block_size < case.block_table.max_blocks;
                     if !needed && !prefetch {
                         continue;
                     }
@@ -305,7 +347,12 @@ impl ChunkedKernel {
                     for i in 0..n {
                         if t < lens[i] {
                             let r = b * n + i;
-                            tile[i * CHUNK_K + dt] = self.logit(&qs[r], &case.weights[r * s.heads..(r + 1) * s.heads], &key, s.head_dim);
+                            tile[i * CHUNK_K + dt] = self.logit(
+                                &qs[r],
+                                &case.weights[r * s.heads..(r + 1) * s.heads],
+                                &key,
+                                s.head_dim,
+                            );
                         }
                     }
                 }
@@ -314,7 +361,11 @@ impl ChunkedKernel {
             .collect();
         let (raw, base) = out.raw_mut();
         let mml = case.max_model_len;
-        let end = if self.has(Plant::StorePastEnd) { mml + 1 } else { mml };
+        let end = if self.has(Plant::StorePastEnd) {
+            mml + 1
+        } else {
+            mml
+        };
         for (&(b, c, _), tile) in sched.iter().zip(tiles) {
             let tile = tile?;
             for i in 0..n {
@@ -325,7 +376,11 @@ impl ChunkedKernel {
                         break;
                     }
                     let elem = (r * case.out_row_stride + t) as i64;
-                    let elem = if self.has(Plant::Offset32Out) { ((elem * 4) as i32 as i64) / 4 } else { elem };
+                    let elem = if self.has(Plant::Offset32Out) {
+                        ((elem * 4) as i32 as i64) / 4
+                    } else {
+                        elem
+                    };
                     let at = base as i64 + elem;
                     if at < 0 || at as usize >= raw.len() {
                         return Err(RunError::Crash(format!(
@@ -370,6 +425,10 @@ impl Kernel for ChunkedKernel {
         } else {
             self.run_chunked(case, out)?;
         }
-        Ok(RunInfo { kernel_time: Some(start.elapsed()), inputs_intact: Some(true), device_bytes: None })
+        Ok(RunInfo {
+            kernel_time: Some(start.elapsed()),
+            inputs_intact: Some(true),
+            device_bytes: None,
+        })
     }
 }

@@ -1,0 +1,745 @@
+//! The campaign engine behind `mqa-fuzz run`: replay the corpus, then generate cases
+//! (proptest strategies driven by a `TestRunner` per case seed), run every kernel,
+//! judge, shrink each new finding to a minimal case, save it to the corpus, and write
+//! the report. Execution (worker threads) is separate from reporting (the main thread
+//! consumes one stream of case results).
+
+pub mod corpus;
+pub mod coverage;
+pub mod interrupt;
+mod progress;
+mod shrink;
+
+use crate::case::{Case, CaseFile, Provenance};
+use crate::error::Fatal;
+use crate::generate::{draw_strategy, Draw, Profile, Recipe};
+use crate::harness::{self, ReferenceCache};
+use crate::kernel::{self, Kernel};
+use crate::oracle::{Class, OracleConfig, Verdict};
+use crate::report::{
+    self, Finding, KernelInfo, KernelStats, Report, Shard, Timings, REPORT_VERSION,
+};
+use proptest::strategy::{SBoxedStrategy, Strategy, ValueTree};
+use proptest::test_runner::{Config as PtConfig, TestRunner};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// Everything a campaign needs to know.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub kernels: Vec<String>,
+    pub profile: Profile,
+    pub budget: Option<Duration>,
+    pub max_cases: Option<u64>,
+    pub seed: u64,
+    /// Cases run at once (default: the kernels' preferred parallelism).
+    pub jobs: Option<usize>,
+    pub corpus_dir: PathBuf,
+    pub report_dir: PathBuf,
+    pub shard: Option<Shard>,
+    pub shrink: bool,
+    /// Longest time spent shrinking one finding.
+    pub shrink_budget: Duration,
+    pub replay_corpus: bool,
+    pub save_corpus: bool,
+    pub oracle: OracleConfig,
+    pub quiet: bool,
+    pub command_line: String,
+    /// Stop generating once this many distinct findings were made (selftest).
+    pub stop_after_findings: Option<usize>,
+}
+
+impl Config {
+    pub fn new(kernels: Vec<String>, report_dir: PathBuf) -> Self {
+        Config {
+            kernels,
+            profile: Profile::All,
+            budget: Some(Duration::from_secs(60)),
+            max_cases: None,
+            seed: 0,
+            jobs: None,
+            corpus_dir: PathBuf::from("corpus"),
+            report_dir,
+            shard: None,
+            shrink: true,
+            shrink_budget: Duration::from_secs(30),
+            replay_corpus: true,
+            save_corpus: true,
+            oracle: OracleConfig::default(),
+            quiet: false,
+            command_line: String::new(),
+            stop_after_findings: None,
+        }
+    }
+}
+
+/// When a finding was first made (for `selftest`).
+#[derive(Clone, Debug)]
+pub struct Detection {
+    pub signature: String,
+    pub class: Class,
+    /// Generated cases run before and including the detecting one.
+    pub cases: u64,
+    pub secs: f64,
+}
+
+pub struct Outcome {
+    pub report: Report,
+    pub detections: Vec<Detection>,
+    /// Exit code: 0 clean, 1 findings.
+    pub exit_code: i32,
+}
+
+/// The seed of case `k` of a campaign: every case is reproducible from it alone.
+pub fn case_seed(seed: u64, k: u64) -> u64 {
+    fn mix(mut z: u64) -> u64 {
+        z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    mix(seed ^ mix(k))
+}
+
+/// The proptest value tree of a case seed (generation and shrinking start here).
+pub fn value_tree(strategy: &SBoxedStrategy<Draw>, seed: u64) -> Box<dyn ValueTree<Value = Draw>> {
+    let mut runner =
+        TestRunner::new_with_rng(PtConfig::default(), crate::generate::recipe::rng_for(seed));
+    strategy
+        .new_tree(&mut runner)
+        .expect("strategies have no filters, so generation cannot be rejected")
+}
+
+/// One generated case, run on every kernel.
+struct CaseResult {
+    k: u64,
+    seed: u64,
+    recipe: Recipe,
+    case: Case,
+    verdicts: Vec<Verdict>,
+    adjustments: Vec<String>,
+    divergence: Option<(String, String)>,
+    environment_error: Option<String>,
+    generate_secs: f64,
+    reference_secs: f64,
+    kernel_secs: Vec<f64>,
+}
+
+struct Engine<'a> {
+    cfg: &'a Config,
+    kernels: Vec<Box<dyn Kernel>>,
+    strategy: SBoxedStrategy<Draw>,
+}
+
+impl Engine<'_> {
+    fn caps(&self) -> Vec<&kernel::Capabilities> {
+        self.kernels.iter().map(|k| k.capabilities()).collect()
+    }
+
+    /// Draw → recipe (fitted to the kernels) → case.
+    fn materialize(&self, draw: &Draw) -> (Recipe, Case, Vec<String>) {
+        let (recipe, adjust) = draw.resolve(&self.caps());
+        let case = recipe.materialize();
+        (recipe, case, adjust)
+    }
+
+    fn run_case(&self, k: u64, seed: u64) -> CaseResult {
+        let t0 = Instant::now();
+        let draw = value_tree(&self.strategy, seed).current();
+        let (recipe, case, adjustments) = self.materialize(&draw);
+        let generate_secs = t0.elapsed().as_secs_f64();
+        if let Err(e) = case.validate() {
+            // A generator bug: report it loudly as an environment problem of ours.
+            return CaseResult {
+                k,
+                seed,
+                recipe,
+                case,
+                verdicts: Vec::new(),
+                adjustments,
+                divergence: None,
+                environment_error: Some(format!(
+                    "internal error: generated case {seed:#x} is invalid: {e}"
+                )),
+                generate_secs,
+                reference_secs: 0.0,
+                kernel_secs: Vec::new(),
+            };
+        }
+        let mut refs = ReferenceCache::new(&case);
+        let mut verdicts = Vec::new();
+        let mut outputs = Vec::new();
+        let mut kernel_secs = Vec::new();
+        let mut environment_error = None;
+        for kern in &self.kernels {
+            let j = harness::run_and_judge(kern.as_ref(), &case, &mut refs, &self.cfg.oracle);
+            kernel_secs.push(
+                j.verdict
+                    .run
+                    .kernel_time
+                    .map(|d| d.as_secs_f64())
+                    .unwrap_or(j.wall.as_secs_f64()),
+            );
+            environment_error = environment_error.or(j.environment_error);
+            verdicts.push(j.verdict);
+            outputs.push(j.output);
+        }
+        let mut divergence = None;
+        if self.kernels.len() >= 2 {
+            if let Some(a) = &outputs[0] {
+                for (kb, ob) in self.kernels.iter().zip(&outputs).skip(1) {
+                    if let Some(b) = ob {
+                        if let Some(msg) = harness::divergence(
+                            &case,
+                            (self.kernels[0].as_ref(), a),
+                            (kb.as_ref(), b),
+                        ) {
+                            divergence =
+                                Some((format!("{} vs {}", self.kernels[0].name(), kb.name()), msg));
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        let reference_secs = refs.time.as_secs_f64();
+        drop(refs);
+        CaseResult {
+            k,
+            seed,
+            recipe,
+            case,
+            verdicts,
+            adjustments,
+            divergence,
+            environment_error,
+            generate_secs,
+            reference_secs,
+            kernel_secs,
+        }
+    }
+}
+
+fn tool_version() -> String {
+    env!("CARGO_PKG_VERSION").to_string()
+}
+
+fn environment(command_line: &str) -> report::Environment {
+    report::Environment {
+        hostname: std::fs::read_to_string("/etc/hostname")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default(),
+        os: format!("{} {}", std::env::consts::OS, std::env::consts::ARCH),
+        cpus: std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1),
+        gpus: Vec::new(),
+        command_line: command_line.to_string(),
+    }
+}
+
+fn add_verdict(stats: &mut KernelStats, v: &Verdict, kernel_secs: f64) {
+    if v.skipped.is_some() {
+        stats.skipped += 1;
+        return;
+    }
+    stats.cases += 1;
+    if v.is_clean() {
+        stats.clean += 1;
+    } else {
+        stats.with_findings += 1;
+    }
+    for (c, n) in &v.classes {
+        *stats.class_totals.entry(*c).or_default() += n;
+    }
+    stats.rows_checked += v.metrics.rows_checked;
+    stats.logits_checked += v.metrics.checked;
+    // A crashed case has no output for the guard to act on: not counted either way.
+    if v.classes.contains_key(&Class::Crash) {
+        stats.kernel_secs += kernel_secs;
+        return;
+    }
+    let g = &mut stats.guard;
+    g.cases += 1;
+    g.redundant_cases += v.guard.redundant as u64;
+    g.rows_affected += v.guard.rows_affected;
+    g.nan += v.guard.nan;
+    g.pos_inf += v.guard.pos_inf;
+    g.neg_inf += v.guard.neg_inf;
+    stats.kernel_secs += kernel_secs;
+    stats.max_err_over_bound = stats.max_err_over_bound.max(v.metrics.max_err_over_bound);
+}
+
+fn quote(s: &str) -> String {
+    if s.chars()
+        .all(|c| c.is_ascii_alphanumeric() || "-_:./=".contains(c))
+    {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
+}
+
+pub fn replay_command(file: &Path, kernel: &str) -> String {
+    format!(
+        "mqa-fuzz replay {} --kernel {}",
+        quote(&file.display().to_string()),
+        quote(kernel)
+    )
+}
+
+/// Runs a campaign.
+pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
+    let started = Instant::now();
+    let started_unix = crate::util::unix_now();
+    if cfg.kernels.is_empty() {
+        return Err(Fatal::usage("no kernel given"));
+    }
+    let kernels: Vec<Box<dyn Kernel>> = cfg
+        .kernels
+        .iter()
+        .map(|k| kernel::open(k))
+        .collect::<Result<_, _>>()?;
+    let corpus = if cfg.replay_corpus {
+        corpus::load_all(&cfg.corpus_dir)?
+    } else {
+        Vec::new()
+    };
+    std::fs::create_dir_all(&cfg.report_dir).map_err(|e| {
+        Fatal::usage(format!(
+            "{}: cannot create report directory: {e}",
+            cfg.report_dir.display()
+        ))
+    })?;
+    interrupt::install();
+
+    let engine = Engine {
+        cfg,
+        kernels,
+        strategy: draw_strategy(cfg.profile),
+    };
+    let caps = engine.caps();
+    let mut report = Report {
+        report_version: REPORT_VERSION,
+        tool_version: tool_version(),
+        run_id: cfg
+            .report_dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        started_unix,
+        environment: environment(&cfg.command_line),
+        kernels: engine
+            .kernels
+            .iter()
+            .map(|k| KernelInfo {
+                name: k.name().to_string(),
+                version: k.version(),
+                planted_bug: kernel::registry()
+                    .iter()
+                    .any(|e| e.name == k.name() && e.planted_bug),
+                capabilities: serde_json::to_value(k.capabilities()).unwrap_or_default(),
+            })
+            .collect(),
+        profile: cfg.profile.name().to_string(),
+        seed: cfg.seed,
+        shard: cfg.shard,
+        budget_secs: cfg.budget.map(|d| d.as_secs_f64()),
+        max_cases: cfg.max_cases,
+        coverage: coverage::expected(&caps, cfg.profile),
+        ..Default::default()
+    };
+    for k in &engine.kernels {
+        report
+            .per_kernel
+            .insert(k.name().to_string(), KernelStats::default());
+    }
+    let mut progress = progress::Progress::new(cfg.quiet, cfg.budget, cfg.max_cases);
+    let mut timings = Timings::default();
+    let mut findings: Vec<Finding> = Vec::new();
+    let mut by_signature: HashMap<String, usize> = HashMap::new();
+    let mut detections = Vec::new();
+    let mut any_finding = false;
+    let mut env_error: Option<String> = None;
+
+    // 1. Replay the corpus.
+    for (path, file) in &corpus {
+        if interrupt::requested() {
+            break;
+        }
+        report.counts.cases_replayed += 1;
+        let mut refs = ReferenceCache::new(&file.case);
+        for kern in &engine.kernels {
+            let j = harness::run_and_judge(kern.as_ref(), &file.case, &mut refs, &cfg.oracle);
+            if let Some(e) = j.environment_error {
+                env_error = Some(e);
+                break;
+            }
+            let v = j.verdict;
+            add_verdict(
+                report.per_kernel.get_mut(kern.name()).unwrap(),
+                &v,
+                j.wall.as_secs_f64(),
+            );
+            if let Some(class) = v.primary_class() {
+                any_finding = true;
+                let sig = corpus::signature(kern.name(), class, &file.case);
+                progress.println(&format!(
+                    "corpus {}: {} {}",
+                    path.display(),
+                    kern.name(),
+                    crate::cli::verdict_line(&v)
+                ));
+                let f = Finding {
+                    signature: sig.clone(),
+                    kernel: kern.name().to_string(),
+                    profile: "corpus".into(),
+                    class: Some(class),
+                    classes: v.classes.clone(),
+                    case_file: Some(path.display().to_string()),
+                    replay_command: replay_command(path, kern.name()),
+                    seed: file.provenance.seed,
+                    shrunk: file.provenance.shrunk,
+                    rows: file.case.rows(),
+                    tokens: (0..file.case.shape.batch)
+                        .map(|b| file.case.seq_tokens(b) as u64)
+                        .sum(),
+                    occurrences: 1,
+                    verdict: v,
+                    picture: None,
+                    error_histogram: Vec::new(),
+                };
+                by_signature.insert(sig, findings.len());
+                findings.push(f);
+            }
+        }
+        timings.reference_secs += refs.time.as_secs_f64();
+    }
+
+    // 2. Generate.
+    let jobs = cfg
+        .jobs
+        .unwrap_or_else(|| {
+            engine
+                .kernels
+                .iter()
+                .map(|k| k.preferred_jobs())
+                .min()
+                .unwrap_or(1)
+        })
+        .max(1);
+    let (shard_index, shard_count) = cfg
+        .shard
+        .map(|s| (s.index as u64, s.count as u64))
+        .unwrap_or((0, 1));
+    let next_k = AtomicU64::new(0);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let started_cases = AtomicU64::new(0);
+    let deadline = cfg.budget.map(|b| started + b);
+    let mut cases_log = Vec::new();
+    let mut generated = 0u64;
+    if env_error.is_none() {
+        std::thread::scope(|scope| {
+            let (tx, rx) = mpsc::channel::<CaseResult>();
+            for _ in 0..jobs {
+                let tx = tx.clone();
+                let engine = &engine;
+                let next_k = &next_k;
+                let started_cases = &started_cases;
+                let stop = &stop;
+                scope.spawn(move || loop {
+                    if interrupt::requested()
+                        || stop.load(Ordering::SeqCst)
+                        || deadline.is_some_and(|d| Instant::now() >= d)
+                    {
+                        break;
+                    }
+                    if let Some(m) = cfg.max_cases {
+                        if started_cases.fetch_add(1, Ordering::SeqCst) >= m {
+                            break;
+                        }
+                    }
+                    let i = next_k.fetch_add(1, Ordering::SeqCst);
+                    let k = i * shard_count + shard_index;
+                    let r = engine.run_case(k, case_seed(cfg.seed, k));
+                    let stop = r.environment_error.is_some();
+                    if tx.send(r).is_err() || stop {
+                        break;
+                    }
+                });
+            }
+            drop(tx);
+            for r in rx {
+                if stop.load(Ordering::SeqCst) {
+                    continue; // enough findings: drain what the workers had in hand
+                }
+                if let Some(e) = &r.environment_error {
+                    env_error.get_or_insert(e.clone());
+                    interrupt::request();
+                    continue;
+                }
+                generated += 1;
+                timings.generate_secs += r.generate_secs;
+                timings.reference_secs += r.reference_secs;
+                coverage::record(&mut report.coverage, &r.recipe, &r.case);
+                for a in &r.adjustments {
+                    *report
+                        .counts
+                        .skip_reasons
+                        .entry(format!("adjusted: {a}"))
+                        .or_default() += 1;
+                }
+                let mut line = serde_json::json!({"k": r.k, "seed": format!("{:#018x}", r.seed), "recipe": short_recipe(&r.recipe)});
+                let mut kinds = Vec::new();
+                for ((kern, v), secs) in engine.kernels.iter().zip(&r.verdicts).zip(&r.kernel_secs)
+                {
+                    timings.kernel_secs += secs;
+                    add_verdict(report.per_kernel.get_mut(kern.name()).unwrap(), v, *secs);
+                    if let Some(why) = &v.skipped {
+                        report.counts.cases_skipped += 1;
+                        *report
+                            .counts
+                            .skip_reasons
+                            .entry(format!("{}: {why}", kern.name()))
+                            .or_default() += 1;
+                    }
+                    kinds.push(
+                        serde_json::json!({"kernel": kern.name(), "classes": v.finding_classes()}),
+                    );
+                }
+                line["verdicts"] = serde_json::Value::Array(kinds);
+                cases_log.push(line);
+                // Findings of this case, one per kernel (plus a divergence).
+                let mut to_handle: Vec<(usize, Class)> = Vec::new();
+                for (ki, v) in r.verdicts.iter().enumerate() {
+                    if let Some(c) = v.primary_class() {
+                        to_handle.push((ki, c));
+                    }
+                }
+                for (ki, class) in to_handle {
+                    any_finding = true;
+                    let kern = engine.kernels[ki].as_ref();
+                    let raw_sig = corpus::signature(kern.name(), class, &r.case);
+                    // A finding that shows any class already found for this kernel is
+                    // the same bug again (one bug shows as oob_write in one case and as
+                    // oob_write + inf in the next): count it, do not shrink or save it.
+                    let known = r.verdicts[ki]
+                        .finding_classes()
+                        .into_iter()
+                        .find_map(|c| by_signature.get(&corpus::signature(kern.name(), c, &r.case)).copied());
+                    if let Some(fi) = known {
+                        findings[fi].occurrences += 1;
+                        continue;
+                    }
+                    detections.push(Detection {
+                        signature: raw_sig.clone(),
+                        class,
+                        cases: generated,
+                        secs: started.elapsed().as_secs_f64(),
+                    });
+                    progress.println(&format!(
+                        "finding: {} {} on case {} (seed {:#x}); shrinking...",
+                        kern.name(),
+                        class,
+                        r.k,
+                        r.seed
+                    ));
+                    let t_shrink = Instant::now();
+                    let shrunk = if cfg.shrink {
+                        shrink::shrink(
+                            &engine,
+                            kern,
+                            class,
+                            r.seed,
+                            &r.case,
+                            &r.verdicts[ki],
+                            cfg.shrink_budget,
+                        )
+                    } else {
+                        shrink::Shrunk {
+                            recipe: r.recipe.clone(),
+                            case: r.case.clone(),
+                            verdict: r.verdicts[ki].clone(),
+                            steps: 0,
+                            shrunk: false,
+                        }
+                    };
+                    timings.shrink_secs += t_shrink.elapsed().as_secs_f64();
+                    let sig = corpus::signature(kern.name(), class, &shrunk.case);
+                    if let Some(&fi) = by_signature.get(&sig) {
+                        findings[fi].occurrences += 1;
+                        by_signature.insert(raw_sig, fi);
+                        continue;
+                    }
+                    let case_file =
+                        save_finding(cfg, kern.name(), class, &sig, &r, &shrunk, &mut progress);
+                    let replay = case_file
+                        .as_ref()
+                        .map(|p| replay_command(p, kern.name()))
+                        .unwrap_or_default();
+                    progress.println(&format!(
+                        "  {} {}: {} row(s), {} token(s){}{}",
+                        kern.name(),
+                        crate::cli::verdict_line(&shrunk.verdict),
+                        shrunk.case.rows(),
+                        (0..shrunk.case.shape.batch)
+                            .map(|b| shrunk.case.seq_tokens(b))
+                            .sum::<usize>(),
+                        case_file
+                            .as_ref()
+                            .map(|p| format!("\n  saved {}", p.display()))
+                            .unwrap_or_default(),
+                        if replay.is_empty() {
+                            String::new()
+                        } else {
+                            format!("\n  replay: {replay}")
+                        }
+                    ));
+                    let f = Finding {
+                        signature: sig.clone(),
+                        kernel: kern.name().to_string(),
+                        profile: cfg.profile.name().to_string(),
+                        class: Some(class),
+                        classes: shrunk.verdict.classes.clone(),
+                        case_file: case_file.map(|p| p.display().to_string()),
+                        replay_command: replay,
+                        seed: Some(r.seed),
+                        shrunk: shrunk.shrunk,
+                        rows: shrunk.case.rows(),
+                        tokens: (0..shrunk.case.shape.batch)
+                            .map(|b| shrunk.case.seq_tokens(b) as u64)
+                            .sum(),
+                        occurrences: 1,
+                        verdict: shrunk.verdict,
+                        picture: None,
+                        error_histogram: Vec::new(),
+                    };
+                    by_signature.insert(sig, findings.len());
+                    by_signature.insert(raw_sig, findings.len());
+                    findings.push(f);
+                }
+                if let Some((pair, msg)) = &r.divergence {
+                    any_finding = true;
+                    let sig = format!("{pair}|divergent|{}", corpus::fingerprint(&r.case));
+                    if let Some(&fi) = by_signature.get(&sig) {
+                        findings[fi].occurrences += 1;
+                    } else {
+                        progress
+                            .println(&format!("finding: {pair} divergent on case {}: {msg}", r.k));
+                        let mut v = Verdict::default();
+                        v.add_case_finding(Class::Divergent, msg.clone());
+                        by_signature.insert(sig.clone(), findings.len());
+                        findings.push(Finding {
+                            signature: sig,
+                            kernel: pair.clone(),
+                            profile: cfg.profile.name().to_string(),
+                            class: Some(Class::Divergent),
+                            classes: v.classes.clone(),
+                            seed: Some(r.seed),
+                            rows: r.case.rows(),
+                            tokens: (0..r.case.shape.batch)
+                                .map(|b| r.case.seq_tokens(b) as u64)
+                                .sum(),
+                            occurrences: 1,
+                            verdict: v,
+                            ..Default::default()
+                        });
+                    }
+                }
+                progress.update(generated, findings.len(), "");
+                if cfg.stop_after_findings.is_some_and(|n| findings.len() >= n) {
+                    stop.store(true, Ordering::SeqCst);
+                }
+            }
+        });
+    }
+    progress.finish();
+    report.counts.cases_generated = generated;
+    report.findings = findings;
+    report.interrupted = interrupt::requested() && env_error.is_none();
+    report.finished_unix = crate::util::unix_now();
+    timings.wall_secs = started.elapsed().as_secs_f64();
+    report.timings = timings;
+    for note in report::picture::fill_pictures(&mut report, &cfg.oracle) {
+        progress.println(&note);
+    }
+    report::write_all(&cfg.report_dir, &report).map_err(|e| {
+        Fatal::usage(format!(
+            "{}: cannot write the report: {e}",
+            cfg.report_dir.display()
+        ))
+    })?;
+    let log: String = cases_log.iter().map(|l| format!("{l}\n")).collect();
+    crate::util::write_atomic(&cfg.report_dir.join("cases.jsonl"), log.as_bytes()).map_err(
+        |e| {
+            Fatal::usage(format!(
+                "{}: cannot write cases.jsonl: {e}",
+                cfg.report_dir.display()
+            ))
+        },
+    )?;
+    if let Some(e) = env_error {
+        return Err(Fatal::environment(e));
+    }
+    Ok(Outcome {
+        report,
+        detections,
+        exit_code: if any_finding { 1 } else { 0 },
+    })
+}
+
+/// The recipe without its bulky parts, for `cases.jsonl`.
+fn short_recipe(r: &Recipe) -> serde_json::Value {
+    serde_json::to_value(r).unwrap_or_default()
+}
+
+fn save_finding(
+    cfg: &Config,
+    kernel: &str,
+    class: Class,
+    sig: &str,
+    r: &CaseResult,
+    s: &shrink::Shrunk,
+    progress: &mut progress::Progress,
+) -> Option<PathBuf> {
+    if !cfg.save_corpus {
+        return None;
+    }
+    let path = corpus::path_for(&cfg.corpus_dir, kernel, class, sig);
+    if path.exists() {
+        return Some(path);
+    }
+    let file = CaseFile {
+        provenance: Provenance {
+            tool_version: tool_version(),
+            kernel: kernel.to_string(),
+            profile: Some(cfg.profile.name().to_string()),
+            seed: Some(r.seed),
+            shrunk: s.shrunk,
+            signature: Some(sig.to_string()),
+            created_unix: Some(crate::util::unix_now()),
+            note: Some(format!(
+                "found by campaign seed {} at case {}; {} shrink steps",
+                cfg.seed, r.k, s.steps
+            )),
+            recipe: serde_json::to_value(&s.recipe).ok(),
+        },
+        expected: crate::case::Expected {
+            classes: s.verdict.finding_classes(),
+        },
+        case: s.case.clone(),
+    };
+    match corpus::save(&path, &file) {
+        Ok(()) => Some(path),
+        Err(e) => {
+            progress.println(&format!(
+                "mqa-fuzz: warning: cannot save {}: {e}",
+                path.display()
+            ));
+            None
+        }
+    }
+}

@@ -1,0 +1,473 @@
+//! proptest strategies over [`Draw`]s, per profile, edge-biased: boundaries ±1 (zero,
+//! one, next_n, block and chunk edges, `ctx == max_model_len`, byte offsets around 2^31
+//! and 2^32) are drawn far more often than uniform sampling would.
+//!
+//! A `Draw` is independent of the kernel; [`Draw::resolve`] turns it into a [`Recipe`]
+//! that fits the kernel's declared capabilities, recording every adjustment so the
+//! campaign can count skipped combinations instead of silently dropping them.
+//! Every component shrinks toward the simplest value (first alternative, zero, fewer
+//! sequences), which is what makes shrunk cases minimal.
+
+use super::recipe::{LensRecipe, OffsetClass, Padding, Recipe, TableOrder, ValueKind};
+use crate::case::ValueLayout;
+use crate::fp8::Fp8Format;
+use crate::kernel::{BlockSizes, Capabilities};
+use proptest::prelude::*;
+use serde::{Deserialize, Serialize};
+
+/// What a campaign generates (DESIGN §3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Profile {
+    /// What an engine really feeds: H 64, D 128, block 64/1/16, next_n 1-2, pipeline values.
+    Production,
+    /// Addresses, strides, tables, lengths: small heads, every block size and edge.
+    Layout,
+    /// Invalid values: NaN codes, zero/negative/inf/NaN scales and weights.
+    Hostile,
+    /// A mix of the three.
+    All,
+}
+
+impl Profile {
+    pub fn name(self) -> &'static str {
+        match self {
+            Profile::Production => "production",
+            Profile::Layout => "layout",
+            Profile::Hostile => "hostile",
+            Profile::All => "all",
+        }
+    }
+}
+
+/// A context length relative to the shape's edges.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum LenSpec {
+    Zero,
+    /// `anchor * mult + delta`, clamped at 0.
+    Edge {
+        anchor: Anchor,
+        mult: u8,
+        delta: i8,
+    },
+    /// Any length up to the profile's maximum.
+    Uniform(u16),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Anchor {
+    One,
+    NextN,
+    Block,
+    Chunk64,
+    Chunk256,
+}
+
+/// The lengths of a batch.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum LensDraw {
+    /// Independent edge-biased lengths, one per sequence (zeros land leading, middle
+    /// or trailing by chance).
+    Each(Vec<LenSpec>),
+    /// 0.7–1.3 × an average, as DeepGEMM's tests draw them.
+    AroundAverage { batch: u8, avg: u16, seed: u64 },
+    /// One long sequence among short ones.
+    Skewed { short: Vec<LenSpec>, long: u16 },
+    /// 32·k sequences, all of length 0.
+    AllZero { groups: u8 },
+}
+
+/// Everything drawn for one case, before the kernel's capabilities are applied.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Draw {
+    pub next_n: usize,
+    pub heads: usize,
+    pub head_dim: usize,
+    pub block_size: usize,
+    pub shuffle16: bool,
+    pub format: Fp8Format,
+    pub lens: LensDraw,
+    /// Per-token (2-D) lengths: perturbations of the standard causal lengths.
+    pub per_token: Option<Vec<i8>>,
+    pub model_len_slack: usize,
+    pub out_stride_pad: usize,
+    pub big_output: bool,
+    pub table_order: TableOrder,
+    pub padding: Padding,
+    pub surplus_blocks: usize,
+    pub table_stride_pad: usize,
+    pub kv_stride_pad: u64,
+    pub offsets: OffsetClass,
+    pub values: ValueKind,
+    pub seed: u64,
+}
+
+fn len_spec(max: u16) -> impl Strategy<Value = LenSpec> {
+    let anchor = prop_oneof![
+        Just(Anchor::One),
+        Just(Anchor::NextN),
+        Just(Anchor::Block),
+        Just(Anchor::Chunk64),
+        Just(Anchor::Chunk256),
+    ];
+    prop_oneof![
+        2 => Just(LenSpec::Zero),
+        6 => (anchor, prop_oneof![4 => Just(1u8), 1 => 2u8..=4], -2i8..=2).prop_map(|(anchor, mult, delta)| LenSpec::Edge { anchor, mult, delta }),
+        3 => (0..=max).prop_map(LenSpec::Uniform),
+    ]
+}
+
+fn lens_draw(max: u16, max_batch: usize, production: bool) -> impl Strategy<Value = LensDraw> {
+    let each = proptest::collection::vec(len_spec(max), 1..=max_batch).prop_map(LensDraw::Each);
+    let avg = (1u8..=8, 64u16..=max.max(64), any::<u64>())
+        .prop_map(|(batch, avg, seed)| LensDraw::AroundAverage { batch, avg, seed });
+    let skewed = (
+        proptest::collection::vec(len_spec(64), 1..=4),
+        256u16..=max.max(256),
+    )
+        .prop_map(|(short, long)| LensDraw::Skewed { short, long });
+    let zero = (1u8..=2).prop_map(|groups| LensDraw::AllZero { groups });
+    if production {
+        prop_oneof![3 => each, 6 => avg, 2 => skewed, 1 => zero].sboxed()
+    } else {
+        prop_oneof![10 => each, 1 => avg, 1 => skewed, 1 => zero].sboxed()
+    }
+}
+
+fn weighted<T: Clone + std::fmt::Debug + Send + Sync + 'static>(
+    v: Vec<(u32, T)>,
+) -> SBoxedStrategy<T> {
+    proptest::strategy::Union::new_weighted(
+        v.into_iter().map(|(w, x)| (w, Just(x).sboxed())).collect(),
+    )
+    .sboxed()
+}
+
+fn per_token(max_rows: usize) -> impl Strategy<Value = Option<Vec<i8>>> {
+    prop_oneof![
+        3 => Just(None),
+        1 => proptest::collection::vec(prop_oneof![3 => Just(0i8), 1 => -3i8..=3], 1..=max_rows).prop_map(Some),
+    ]
+}
+
+/// The strategy of one profile (`All` mixes the other three).
+pub fn draw_strategy(profile: Profile) -> SBoxedStrategy<Draw> {
+    match profile {
+        Profile::Production => production().sboxed(),
+        Profile::Layout => layout(false).sboxed(),
+        Profile::Hostile => prop_oneof![
+            layout(true),
+            production().prop_map(|mut d| {
+                d.values = ValueKind::Hostile;
+                d
+            })
+        ]
+        .sboxed(),
+        Profile::All => prop_oneof![
+            2 => layout(false),
+            1 => production(),
+            1 => layout(true),
+        ]
+        .sboxed(),
+    }
+}
+
+fn formats() -> SBoxedStrategy<Fp8Format> {
+    weighted(vec![(3, Fp8Format::E4m3fn), (1, Fp8Format::E4m3fnuz)])
+}
+
+fn production() -> impl Strategy<Value = Draw> {
+    let shape = (
+        weighted(vec![(3, 1usize), (3, 2), (1, 3), (1, 4)]),
+        weighted(vec![(1, 32usize), (3, 64)]),
+        weighted(vec![(1, 64usize), (3, 128)]),
+        weighted(vec![(4, 64usize), (1, 1), (2, 16), (1, 256)]),
+        any::<bool>(),
+        formats(),
+    );
+    let lens = (
+        lens_draw(1024, 8, true),
+        per_token(4),
+        weighted(vec![(1, 0usize), (1, 1), (2, 255)]),
+    );
+    let table = (
+        weighted(vec![
+            (2, TableOrder::Permuted),
+            (1, TableOrder::Sequential),
+            (1, TableOrder::SharedPrefix),
+        ]),
+        weighted(vec![(2, Padding::Zero), (1, Padding::MinusOne)]),
+        0usize..=2,
+    );
+    (shape, lens, table, any::<u64>()).prop_map(
+        |(
+            (next_n, heads, head_dim, block_size, shuffle16, format),
+            (lens, per_token, slack),
+            (order, padding, surplus),
+            seed,
+        )| Draw {
+            next_n,
+            heads,
+            head_dim,
+            block_size,
+            shuffle16,
+            format,
+            lens,
+            per_token,
+            model_len_slack: slack,
+            out_stride_pad: 0,
+            big_output: false,
+            table_order: order,
+            padding,
+            surplus_blocks: surplus,
+            table_stride_pad: 0,
+            kv_stride_pad: 0,
+            offsets: OffsetClass::Low,
+            values: ValueKind::Pipeline,
+            seed,
+        },
+    )
+}
+
+fn layout(hostile: bool) -> impl Strategy<Value = Draw> {
+    let shape = (
+        prop_oneof![4 => Just(1usize), 4 => Just(2usize), 2 => 3usize..=5, 1 => 6usize..=8],
+        prop_oneof![4 => Just(1usize), 2 => Just(2usize), 2 => Just(4usize), 1 => Just(8usize), 1 => Just(16usize)],
+        weighted(vec![(2, 16usize), (2, 32), (1, 64), (1, 128)]),
+        prop_oneof![
+            3 => Just(16usize), 3 => Just(1usize), 3 => Just(64usize), 1 => Just(256usize),
+            1 => 2usize..=15, 1 => Just(32usize), 1 => 17usize..=100,
+        ],
+        any::<bool>(),
+        formats(),
+    );
+    let lens = (
+        lens_draw(1100, 6, false),
+        per_token(8),
+        prop_oneof![3 => Just(0usize), 2 => 1usize..=3, 2 => 4usize..=300],
+        prop_oneof![3 => Just(0usize), 1 => 1usize..=5, 1 => Just(256usize)],
+    );
+    let table = (
+        weighted(vec![
+            (1, TableOrder::Sequential),
+            (1, TableOrder::Permuted),
+            (1, TableOrder::Reversed),
+            (1, TableOrder::SharedPrefix),
+        ]),
+        weighted(vec![
+            (1, Padding::Zero),
+            (1, Padding::MinusOne),
+            (1, Padding::Huge),
+            (1, Padding::Garbage),
+        ]),
+        prop_oneof![3 => Just(0usize), 1 => 1usize..=4],
+        prop_oneof![3 => Just(0usize), 1 => 1usize..=8],
+        prop_oneof![2 => Just(0u64), 1 => (1u64..=64).prop_map(|x| 4 * x)],
+    );
+    let addr = (
+        weighted(vec![
+            (4, OffsetClass::Low),
+            (2, OffsetClass::Around2G),
+            (2, OffsetClass::Around4G),
+        ]),
+        weighted(vec![(24, false), (1, true)]),
+    );
+    let values = if hostile {
+        Just(ValueKind::Hostile).sboxed()
+    } else {
+        weighted(vec![
+            (3, ValueKind::Pipeline),
+            (2, ValueKind::UniformCodes),
+            (1, ValueKind::Extreme),
+            (1, ValueKind::ReluBoundary),
+            (1, ValueKind::AllNegative),
+        ])
+    };
+    (shape, lens, table, addr, values, any::<u64>()).prop_map(
+        |(
+            (next_n, heads, head_dim, block_size, shuffle16, format),
+            (lens, per_token, slack, out_pad),
+            (order, padding, surplus, tpad, kvpad),
+            (offsets, big_output),
+            values,
+            seed,
+        )| Draw {
+            next_n,
+            heads,
+            head_dim,
+            block_size,
+            shuffle16,
+            format,
+            lens,
+            per_token,
+            model_len_slack: slack,
+            out_stride_pad: out_pad,
+            big_output,
+            table_order: order,
+            padding,
+            surplus_blocks: surplus,
+            table_stride_pad: tpad,
+            kv_stride_pad: kvpad,
+            offsets,
+            values,
+            seed,
+        },
+    )
+}
+
+const CHUNK: usize = 256;
+
+impl LenSpec {
+    fn resolve(self, next_n: usize, block_size: usize, max: usize) -> usize {
+        match self {
+            LenSpec::Zero => 0,
+            LenSpec::Edge {
+                anchor,
+                mult,
+                delta,
+            } => {
+                let a = match anchor {
+                    Anchor::One => 1,
+                    Anchor::NextN => next_n,
+                    Anchor::Block => block_size,
+                    Anchor::Chunk64 => 64,
+                    Anchor::Chunk256 => CHUNK,
+                };
+                (a as i64 * mult as i64 + delta as i64).max(0) as usize
+            }
+            LenSpec::Uniform(x) => (x as usize).min(max),
+        }
+    }
+}
+
+impl Draw {
+    /// The recipe this draw gives for a kernel, and the adjustments the kernel's
+    /// capabilities forced (each one a skipped combination, counted by the campaign).
+    pub fn resolve(&self, caps: &[&Capabilities]) -> (Recipe, Vec<String>) {
+        let mut adjust = Vec::new();
+        let mut d = self.clone();
+        for c in caps {
+            if !c.formats.contains(&d.format) {
+                adjust.push(format!("format {}", d.format));
+                d.format = c.formats[0];
+            }
+            let shuffle_ok = c.layouts.contains(&ValueLayout::Shuffle16);
+            if d.shuffle16 && !shuffle_ok {
+                adjust.push("layout shuffle16".into());
+                d.shuffle16 = false;
+            }
+            if !d.shuffle16 && !c.layouts.contains(&ValueLayout::Normal) {
+                d.shuffle16 = true;
+            }
+            if let BlockSizes::List(v) = &c.block_sizes {
+                if !v.contains(&d.block_size) {
+                    adjust.push(format!("block_size {}", d.block_size));
+                    d.block_size = *v
+                        .iter()
+                        .min_by_key(|&&b| b.abs_diff(d.block_size))
+                        .unwrap_or(&64);
+                }
+            }
+            if d.next_n < c.next_n.0 || d.next_n > c.next_n.1 {
+                adjust.push(format!("next_n {}", d.next_n));
+                d.next_n = d.next_n.clamp(c.next_n.0, c.next_n.1);
+            }
+            if let Some(h) = &c.heads {
+                if !h.contains(&d.heads) {
+                    adjust.push(format!("heads {}", d.heads));
+                    d.heads = *h.iter().min_by_key(|&&x| x.abs_diff(d.heads)).unwrap();
+                }
+            }
+            if let Some(h) = &c.head_dims {
+                if !h.contains(&d.head_dim) {
+                    adjust.push(format!("head_dim {}", d.head_dim));
+                    d.head_dim = *h.iter().min_by_key(|&&x| x.abs_diff(d.head_dim)).unwrap();
+                }
+            }
+            if d.per_token.is_some() && !c.lens_2d {
+                adjust.push("2-D context_lens".into());
+                d.per_token = None;
+            }
+            if d.per_token.is_none() && !c.lens_1d {
+                d.per_token = Some(vec![0]);
+            }
+            if d.values.is_hostile() && !c.hostile_values {
+                adjust.push("hostile values".into());
+                d.values = ValueKind::Pipeline;
+            }
+            if c.max_kv_bytes.is_some_and(|m| m < (1u64 << 33)) && d.offsets != OffsetClass::Low {
+                adjust.push(format!("offsets {:?}", d.offsets));
+                d.offsets = OffsetClass::Low;
+            }
+        }
+        let layout =
+            if d.shuffle16 && d.block_size.is_multiple_of(16) && d.head_dim.is_multiple_of(32) {
+                ValueLayout::Shuffle16
+            } else {
+                ValueLayout::Normal
+            };
+        let base: Vec<usize> = match &d.lens {
+            LensDraw::Each(v) => v
+                .iter()
+                .map(|s| s.resolve(d.next_n, d.block_size, 4096))
+                .collect(),
+            LensDraw::AroundAverage { batch, avg, seed } => {
+                let mut rng = super::recipe::rng_for(*seed);
+                (0..*batch)
+                    .map(|_| {
+                        let f =
+                            0.7 + 0.6 * (rand::Rng::next_u32(&mut rng) as f64 / u32::MAX as f64);
+                        (*avg as f64 * f) as usize
+                    })
+                    .collect()
+            }
+            LensDraw::Skewed { short, long } => {
+                let mut v: Vec<usize> = short
+                    .iter()
+                    .map(|s| s.resolve(d.next_n, d.block_size, 64))
+                    .collect();
+                v.insert(v.len() / 2, *long as usize);
+                v
+            }
+            LensDraw::AllZero { groups } => vec![0; 32 * *groups as usize],
+        };
+        let n = d.next_n;
+        let lens = match &d.per_token {
+            None => LensRecipe::PerSequence(base),
+            Some(p) => LensRecipe::PerToken(
+                base.iter()
+                    .enumerate()
+                    .map(|(b, &ctx)| {
+                        (0..n)
+                            .map(|i| {
+                                let std = ctx as i64 - n as i64 + i as i64 + 1;
+                                (std + p[(b * n + i) % p.len()] as i64).max(0) as usize
+                            })
+                            .collect()
+                    })
+                    .collect(),
+            ),
+        };
+        let recipe = Recipe {
+            next_n: n,
+            heads: d.heads,
+            head_dim: d.head_dim,
+            block_size: d.block_size,
+            layout,
+            format: d.format,
+            lens,
+            model_len_slack: d.model_len_slack,
+            out_stride_pad: d.out_stride_pad,
+            big_output: d.big_output,
+            table_order: d.table_order,
+            padding: d.padding,
+            surplus_blocks: d.surplus_blocks,
+            table_stride_pad: d.table_stride_pad,
+            kv_stride_pad: d.kv_stride_pad,
+            offsets: d.offsets,
+            values: d.values,
+            seed: d.seed,
+        };
+        (recipe, adjust)
+    }
+}

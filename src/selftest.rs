@@ -1,0 +1,283 @@
+//! `mqa-fuzz selftest`: a fuzzer is only as good as the bugs it provably finds. Every
+//! planted-bug kernel of the chosen backends is fuzzed from K seeds (the generators do
+//! not know which bug is planted); we record whether and how fast it was found, what
+//! the shrunk case looks like and whether its replay reproduces. Clean kernels run for
+//! the same budget and must find nothing.
+
+use crate::campaign::{self, Config};
+use crate::case::load_case_file;
+use crate::error::{exit, Fatal};
+use crate::generate::Profile;
+use crate::harness;
+use crate::kernel;
+use serde::Serialize;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Backend {
+    Cpu,
+    Cuda,
+    All,
+}
+
+impl Backend {
+    fn prefixes(self) -> &'static [&'static str] {
+        match self {
+            Backend::Cpu => &["cpu:"],
+            Backend::Cuda => &["cuda:"],
+            Backend::All => &["cpu:", "cuda:"],
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct BugRun {
+    pub kernel: String,
+    pub seed: u64,
+    pub detected: bool,
+    pub cases_to_detect: Option<u64>,
+    pub secs_to_detect: Option<f64>,
+    pub class: Option<String>,
+    pub shrunk_rows: Option<usize>,
+    pub shrunk_tokens: Option<u64>,
+    pub shrunk_blocks: Option<usize>,
+    pub case_file: Option<String>,
+    pub replay_reproduces: Option<bool>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct CleanRun {
+    pub kernel: String,
+    pub cases: u64,
+    pub secs: f64,
+    pub findings: usize,
+    pub signatures: Vec<String>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct SelftestReport {
+    pub budget_secs: f64,
+    pub seeds: u64,
+    pub bugs: Vec<BugRun>,
+    pub clean: Vec<CleanRun>,
+    /// Per backend: (detected planted bugs, planted bugs).
+    pub mutation_score: std::collections::BTreeMap<String, (usize, usize)>,
+    pub median_secs_to_detect: std::collections::BTreeMap<String, f64>,
+    pub passed: bool,
+}
+
+pub struct Options {
+    pub backend: Backend,
+    pub budget: Duration,
+    pub seeds: u64,
+    pub json: bool,
+    pub only: Vec<String>,
+    pub workdir: Option<PathBuf>,
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        f64::NAN
+    } else {
+        v[v.len() / 2]
+    }
+}
+
+pub fn run(opt: &Options) -> Result<i32, Fatal> {
+    let entries = kernel::registry();
+    let chosen = |name: &str| {
+        opt.backend.prefixes().iter().any(|p| name.starts_with(p))
+            && (opt.only.is_empty() || opt.only.iter().any(|o| name.contains(o.as_str())))
+    };
+    let mut unavailable = Vec::new();
+    let mut bugs = Vec::new();
+    let mut clean = Vec::new();
+    for e in entries.iter().filter(|e| chosen(&e.name)) {
+        match &e.available {
+            Err(why) => unavailable.push(format!("{}: {why}", e.name)),
+            Ok(()) if e.planted_bug => bugs.push(e.name.clone()),
+            Ok(()) => clean.push(e.name.clone()),
+        }
+    }
+    if bugs.is_empty() && clean.is_empty() {
+        return Err(Fatal::environment(format!(
+            "no kernel of backend {:?} can run here: {}",
+            opt.backend,
+            unavailable.join("; ")
+        )));
+    }
+    let work = match &opt.workdir {
+        Some(d) => d.clone(),
+        None => std::env::temp_dir().join(format!("mqa-fuzz-selftest-{}", std::process::id())),
+    };
+    let mut report = SelftestReport {
+        budget_secs: opt.budget.as_secs_f64(),
+        seeds: opt.seeds,
+        bugs: Vec::new(),
+        clean: Vec::new(),
+        mutation_score: Default::default(),
+        median_secs_to_detect: Default::default(),
+        passed: true,
+    };
+    for name in &bugs {
+        let mut times = Vec::new();
+        for seed in 1..=opt.seeds {
+            if campaign::interrupt::requested() {
+                break;
+            }
+            let dir = work.join(format!("{}-{seed}", name.replace(':', "_")));
+            let mut cfg = Config::new(vec![name.clone()], dir.join("report"));
+            cfg.profile = Profile::All;
+            cfg.budget = Some(opt.budget);
+            cfg.seed = seed;
+            cfg.corpus_dir = dir.join("corpus");
+            cfg.quiet = true;
+            cfg.stop_after_findings = Some(1);
+            cfg.shrink_budget = Duration::from_secs(15);
+            let out = campaign::run(&cfg)?;
+            let det = out.detections.first();
+            let f = out.report.findings.first();
+            let case = f
+                .and_then(|f| f.case_file.as_ref())
+                .and_then(|p| load_case_file(std::path::Path::new(p)).ok());
+            let replay = case.as_ref().zip(f).map(|(c, f)| {
+                let k = kernel::open(name).expect("opened above");
+                let v = harness::judge_once(k.as_ref(), &c.case);
+                f.class.is_some_and(|cl| v.classes.contains_key(&cl))
+            });
+            if let Some(d) = det {
+                times.push(d.secs);
+            }
+            let run = BugRun {
+                kernel: name.clone(),
+                seed,
+                detected: det.is_some(),
+                cases_to_detect: det.map(|d| d.cases),
+                secs_to_detect: det.map(|d| d.secs),
+                class: f.and_then(|f| f.class).map(|c| c.name().to_string()),
+                shrunk_rows: case.as_ref().map(|c| c.case.rows()),
+                shrunk_tokens: case.as_ref().map(|c| {
+                    (0..c.case.shape.batch)
+                        .map(|b| c.case.seq_tokens(b) as u64)
+                        .sum()
+                }),
+                shrunk_blocks: case.as_ref().map(|c| {
+                    (0..c.case.shape.batch)
+                        .map(|b| c.case.blocks_used(b))
+                        .max()
+                        .unwrap_or(0)
+                }),
+                case_file: f.and_then(|f| f.case_file.clone()),
+                replay_reproduces: replay,
+            };
+            report.passed &= run.detected && run.replay_reproduces != Some(false);
+            if !opt.json {
+                print_bug_line(&run);
+            }
+            report.bugs.push(run);
+        }
+        report
+            .median_secs_to_detect
+            .insert(name.clone(), median(&mut times));
+    }
+    for name in &clean {
+        if campaign::interrupt::requested() {
+            break;
+        }
+        let dir = work.join(name.replace(':', "_"));
+        let mut cfg = Config::new(vec![name.clone()], dir.join("report"));
+        cfg.profile = Profile::All;
+        cfg.budget = Some(opt.budget);
+        cfg.seed = 1;
+        cfg.corpus_dir = dir.join("corpus");
+        cfg.quiet = true;
+        let out = campaign::run(&cfg)?;
+        let run = CleanRun {
+            kernel: name.clone(),
+            cases: out.report.counts.cases_generated,
+            secs: out.report.timings.wall_secs,
+            findings: out.report.findings.len(),
+            signatures: out
+                .report
+                .findings
+                .iter()
+                .map(|f| f.signature.clone())
+                .collect(),
+        };
+        report.passed &= run.findings == 0;
+        if !opt.json {
+            println!(
+                "clean {:<28} {:>6} cases in {:>5.1}s: {} finding(s) {}",
+                run.kernel,
+                run.cases,
+                run.secs,
+                run.findings,
+                run.signatures.join(", ")
+            );
+        }
+        report.clean.push(run);
+    }
+    for prefix in opt.backend.prefixes() {
+        let planted: Vec<&String> = bugs.iter().filter(|b| b.starts_with(prefix)).collect();
+        if planted.is_empty() {
+            continue;
+        }
+        let detected = planted
+            .iter()
+            .filter(|b| {
+                report
+                    .bugs
+                    .iter()
+                    .filter(|r| r.kernel == ***b)
+                    .all(|r| r.detected)
+                    && report.bugs.iter().any(|r| r.kernel == ***b)
+            })
+            .count();
+        report.mutation_score.insert(
+            prefix.trim_end_matches(':').to_string(),
+            (detected, planted.len()),
+        );
+    }
+    if opt.json {
+        println!("{}", serde_json::to_string_pretty(&report).unwrap());
+    } else {
+        for (backend, (d, n)) in &report.mutation_score {
+            println!("mutation score {backend}: {d}/{n} planted bugs detected on every seed");
+        }
+        for u in &unavailable {
+            println!("skipped (unavailable): {u}");
+        }
+        println!(
+            "selftest {}",
+            if report.passed { "PASSED" } else { "FAILED" }
+        );
+    }
+    let _ = std::fs::remove_dir_all(&work);
+    Ok(if report.passed {
+        exit::CLEAN
+    } else {
+        exit::FINDINGS
+    })
+}
+
+fn print_bug_line(r: &BugRun) {
+    println!(
+        "{:<28} seed {:<2} {:<8} cases {:>5} {:>7} {:<16} rows {:>3} tokens {:>6} blocks {:>3} replay {}",
+        r.kernel,
+        r.seed,
+        if r.detected { "FOUND" } else { "MISSED" },
+        r.cases_to_detect.map(|c| c.to_string()).unwrap_or("-".into()),
+        r.secs_to_detect.map(|s| format!("{s:.2}s")).unwrap_or("-".into()),
+        r.class.as_deref().unwrap_or("-"),
+        r.shrunk_rows.map(|c| c.to_string()).unwrap_or("-".into()),
+        r.shrunk_tokens.map(|c| c.to_string()).unwrap_or("-".into()),
+        r.shrunk_blocks.map(|c| c.to_string()).unwrap_or("-".into()),
+        match r.replay_reproduces {
+            Some(true) => "ok",
+            Some(false) => "DIFFERS",
+            None => "-",
+        }
+    );
+}
