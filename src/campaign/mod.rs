@@ -526,10 +526,11 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
                     // A finding that shows any class already found for this kernel is
                     // the same bug again (one bug shows as oob_write in one case and as
                     // oob_write + inf in the next): count it, do not shrink or save it.
-                    let known = r.verdicts[ki]
-                        .finding_classes()
-                        .into_iter()
-                        .find_map(|c| by_signature.get(&corpus::signature(kern.name(), c, &r.case)).copied());
+                    let known = r.verdicts[ki].finding_classes().into_iter().find_map(|c| {
+                        by_signature
+                            .get(&corpus::signature(kern.name(), c, &r.case))
+                            .copied()
+                    });
                     if let Some(fi) = known {
                         findings[fi].occurrences += 1;
                         continue;
