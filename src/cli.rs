@@ -462,33 +462,7 @@ fn print_summary(r: &crate::report::Report, dir: &std::path::Path) {
         r.timings.wall_secs,
         if r.interrupted { " (interrupted)" } else { "" }
     );
-    for (name, st) in &r.per_kernel {
-        let g = &st.guard;
-        let guard = if g.redundant_cases == g.cases {
-            format!(
-                "guard redundant on {}/{} cases ({} rows, {} logits checked in the valid range); 95% upper bound on the per-case failure rate {:.2e}",
-                g.redundant_cases,
-                g.cases,
-                st.rows_checked,
-                st.logits_checked,
-                3.0 / (g.cases.max(1) as f64)
-            )
-        } else {
-            format!(
-                "guard NEEDED on {} of {} cases ({} rows; elements: {} nan, {} +inf, {} -inf)",
-                g.cases - g.redundant_cases,
-                g.cases,
-                g.rows_affected,
-                g.nan,
-                g.pos_inf,
-                g.neg_inf
-            )
-        };
-        println!(
-            "{name}: {} clean, {} with findings, {} skipped; {guard}",
-            st.clean, st.with_findings, st.skipped
-        );
-    }
+    println!("{}", crate::report::headline(r));
     for f in &r.findings {
         println!(
             "FINDING {} [{}] x{}: {}{}",
