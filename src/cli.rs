@@ -97,7 +97,7 @@ pub enum Command {
         /// Kernel to serve (any name `mqa-fuzz kernels` lists).
         #[arg(long)]
         kernel: String,
-        /// Misbehave on purpose (tests): crash-at=N, hang-at=N, garbage-at=N, wrong-id-at=N, skew.
+        /// Misbehave on purpose (tests): crash-at=N, hang-at=N, garbage-at=N, wrong-id-at=N, fault-exit-at=N, skew.
         #[arg(long)]
         fault: Option<String>,
     },
