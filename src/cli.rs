@@ -389,6 +389,13 @@ pub struct RunArgs {
     /// k of the downstream top-k check (V3.2: 2048, V4-Pro: 1024, V4-Flash: 512).
     #[arg(long, default_value_t = 2048)]
     pub topk: usize,
+    /// GPUs for cuda: kernels: all, or a list like 0,1 (one worker per GPU).
+    #[arg(long)]
+    pub gpus: Option<String>,
+    /// How much of each generated case the reference checks: full, sample:<fraction> (rows,
+    /// plus every boundary position) or boundaries (block, chunk and context edges only).
+    #[arg(long, default_value = "full", value_parser = |s: &str| s.parse::<crate::reference::verify::VerifyMode>())]
+    pub verify: crate::reference::verify::VerifyMode,
     /// Stop generating after this many distinct findings (e.g. 1 for a quick gate).
     #[arg(long)]
     pub max_findings: Option<usize>,
@@ -504,6 +511,10 @@ fn cmd_run(args: RunArgs) -> Result<i32, Fatal> {
     cfg.oracle.topk = args.topk;
     cfg.quiet = args.quiet;
     cfg.stop_after_findings = args.max_findings;
+    cfg.verify = args.verify;
+    if let Some(spec) = &args.gpus {
+        cfg.gpus = Some(kernel::cuda::select_gpus(spec)?);
+    }
     cfg.command_line = std::env::args().collect::<Vec<_>>().join(" ");
     let shard_txt = shard
         .map(|s| format!(", shard {}/{}", s.index, s.count))
