@@ -420,7 +420,18 @@ pub fn judge(
                     v.metrics.checked += 1;
                     let err = (got as f64 - exp).abs();
                     v.metrics.max_abs_err = v.metrics.max_abs_err.max(err);
-                    let b = full_bound.unwrap_or_else(|| bound.lower(relu_mag));
+                    // The cheap lower bound accepted it; for the reported ratio use the
+                    // full bound whenever the error is a noticeable part of the cheap
+                    // one, so "max err/bound" is not inflated by the cheap shortcut.
+                    let b = full_bound.unwrap_or_else(|| {
+                        let lo = bound.lower(relu_mag);
+                        if err > 0.25 * lo {
+                            let (_, m, a) = crate::reference::element(case, reference.placement, r, t);
+                            bound.full(m, a)
+                        } else {
+                            lo
+                        }
+                    });
                     if b > 0.0 {
                         v.metrics.max_err_over_bound = v.metrics.max_err_over_bound.max(err / b);
                     }
