@@ -24,7 +24,11 @@ pub fn topk_consistent(
     // exact value itself is undefined (hostile inputs) is reported with the hostile
     // statistics, not judged (DESIGN §3).
     let kernel_made = |t: usize| rref.value.get(t).is_some_and(|v| v.is_finite());
-    if let Some(t) = row.iter().enumerate().position(|(t, x)| x.is_nan() && kernel_made(t)) {
+    if let Some(t) = row
+        .iter()
+        .enumerate()
+        .position(|(t, x)| x.is_nan() && kernel_made(t))
+    {
         // A radix select over float bits leaves slots unfilled: garbage indices.
         return TopKOutcome::Inconsistent {
             detail: format!("row holds NaN (first at {t}): the radix top-k emits garbage indices"),
