@@ -70,6 +70,17 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Serve a built-in kernel over the worker protocol on stdin/stdout (used by
+    /// `exec:` pools to isolate kernels in child processes).
+    #[command(hide = true)]
+    Worker {
+        /// Kernel to serve (any name `mqa-fuzz kernels` lists).
+        #[arg(long)]
+        kernel: String,
+        /// Misbehave on purpose (tests): crash-at=N, hang-at=N, garbage-at=N, wrong-id-at=N, skew.
+        #[arg(long)]
+        fault: Option<String>,
+    },
 }
 
 /// Runs the parsed command; returns the exit code.
@@ -100,7 +111,13 @@ pub fn dispatch(cli: Cli) -> Result<i32, Fatal> {
             topk,
             json,
         } => cmd_replay(&files, kernel.as_deref(), topk, json),
+        Command::Worker { kernel, fault } => cmd_worker(&kernel, fault.as_deref()),
     }
+}
+
+fn cmd_worker(name: &str, fault: Option<&str>) -> Result<i32, Fatal> {
+    let fault = fault.map(kernel::exec::server::Fault::parse).transpose().map_err(Fatal::usage)?;
+    kernel::exec::server::serve(name, fault)
 }
 
 fn cmd_kernels(json: bool) -> Result<i32, Fatal> {

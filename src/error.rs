@@ -53,7 +53,9 @@ impl From<crate::case::CaseFileError> for Fatal {
 impl From<crate::kernel::OpenError> for Fatal {
     fn from(e: crate::kernel::OpenError) -> Self {
         match e {
-            crate::kernel::OpenError::Unknown(_) => Fatal::usage(e.to_string()),
+            crate::kernel::OpenError::Unknown(_) | crate::kernel::OpenError::Invalid { .. } => {
+                Fatal::usage(e.to_string())
+            }
             crate::kernel::OpenError::Unavailable { .. } => Fatal::environment(e.to_string()),
         }
     }

@@ -6,6 +6,7 @@
 //! New kernels plug in by implementing [`Kernel`] and adding a line to [`registry`].
 
 pub mod cpu;
+pub mod exec;
 mod output;
 
 pub use output::{OutputBuffer, GUARD_ELEMS, POISON_BITS};
@@ -198,6 +199,10 @@ pub enum OpenError {
     Unknown(String),
     #[error("kernel {name} is not available on this machine: {reason}")]
     Unavailable { name: String, reason: String },
+    /// A malformed kernel name or setting (`exec:` with no command, a bad
+    /// `MQA_FUZZ_EXEC_*` value): bad usage, not a missing environment.
+    #[error("kernel {name}: {reason}")]
+    Invalid { name: String, reason: String },
 }
 
 /// Every built-in kernel with its availability on this machine.
@@ -221,9 +226,14 @@ pub fn default_kernel_name() -> &'static str {
 }
 
 fn extra_entries() -> Vec<KernelEntry> {
-    Vec::new()
+    let mut v = Vec::new();
+    v.extend(exec::entries());
+    v
 }
 
 fn open_extra(name: &str) -> Result<Box<dyn Kernel>, OpenError> {
+    if let Some(k) = exec::open(name) {
+        return k;
+    }
     Err(OpenError::Unknown(name.to_string()))
 }

@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""DeepGEMM's FP8 paged MQA logits kernel as an mqa-fuzz worker (NVIDIA SM90).
+
+Handles both API generations:
+  * 2.8.x: ``fp8_fp4_paged_mqa_logits((q, None), kv_cache, weights, context_lens_2d,
+    block_table, schedule_meta, max_context_len)`` — 2-D lengths only (1-D lengths are
+    expanded to the per-token form an engine passes: row i sees ctx - N + i + 1);
+  * 2.1.x: ``fp8_paged_mqa_logits(q, kv_cache, weights, context_lens_1d, block_table,
+    schedule_meta, max_context_len, clean_logits)`` — ``--clean-logits`` declares the
+    ``neg_inf`` contract outside V(r).
+``schedule_meta = get_paged_mqa_logits_metadata(lens, 64, get_num_sms())``, recomputed
+per case. DeepGEMM allocates its output (row stride aligned to 256 floats); the adapter
+poisons that allocation first (a freed poisoned block of the same size is what the
+caching allocator hands back), so unwritten positions stay detectable, then copies the
+``[rows, max_model_len]`` result into the guarded buffer.
+
+    mqa-fuzz replay corpus/*.json --kernel deepgemm
+"""
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import protocol_common as pc  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--clean-logits", action="store_true", help="2.1.x: pass clean_logits=True (declares -inf outside V(r))")
+    ap.add_argument("--rel", type=float, default=2.0 ** -13,
+                    help="declared relative accumulation error per dot (Hopper fp8 MMA: ~2^-13)")
+    ap.add_argument("--api", choices=["auto", "fp8_fp4", "fp8"], default="auto", help="entry point generation")
+    pc.add_common_args(ap)
+    args = ap.parse_args()
+    out = pc.protocol_stdout()
+    try:
+        import numpy as np
+        import torch
+        import torch_common as tc
+        import deep_gemm
+    except Exception as e:  # noqa: BLE001
+        pc.refuse("environment", f"cannot import deep_gemm/torch: {type(e).__name__}: {e}", out)
+    if not torch.cuda.is_available() and not getattr(deep_gemm, "MQA_FUZZ_FAKE", False):
+        pc.refuse("environment", "no CUDA device visible to torch", out)
+    dev = tc.device()
+    if dev.type == "cuda":
+        major = torch.cuda.get_device_capability(dev)[0]
+        if major != 9:
+            pc.refuse("environment", f"only SM90 is supported by this adapter (found sm{major}x)", out)
+
+    api = args.api
+    if api == "auto":
+        api = "fp8_fp4" if hasattr(deep_gemm, "fp8_fp4_paged_mqa_logits") else "fp8"
+    if api == "fp8" and not hasattr(deep_gemm, "fp8_paged_mqa_logits"):
+        pc.refuse("environment", "this deep_gemm has no fp8_paged_mqa_logits", out)
+    if api == "fp8_fp4" and args.clean_logits:
+        pc.refuse("environment", "--clean-logits needs the 2.1.x entry point fp8_paged_mqa_logits", out)
+    version = getattr(deep_gemm, "__version__", None)
+    if version is None:
+        try:
+            from importlib.metadata import version as v
+            version = next((v(d) for d in ("deep_gemm", "deepinfer_gemm", "deep-gemm") if _has_dist(d)), "unknown")
+        except Exception:  # noqa: BLE001
+            version = "unknown"
+    free, total = torch.cuda.mem_get_info(dev) if dev.type == "cuda" else (8 << 30, 8 << 30)
+    caps = pc.capabilities(
+        formats=["e4m3fn"],
+        layouts=["normal"],
+        block_sizes={"list": [64]},
+        next_n=[1, 2],
+        heads=[32, 64],
+        head_dims=[32, 64, 128],
+        lens_1d=True,
+        lens_2d=api == "fp8_fp4",
+        scale_placement="after_relu_sum",
+        accumulation={"kind": "reduced", "rel": args.rel},
+        outside="neg_inf" if args.clean_logits else "any",
+        max_kv_bytes=int(free * 0.6),
+        hostile_values=True,
+        nan_behaviour="fmaxf(NaN, 0) = 0 inside: NaN in q or k becomes 0",
+    )
+    entry = "fp8_fp4_paged_mqa_logits" if api == "fp8_fp4" else "fp8_paged_mqa_logits"
+    note = " (1-D lengths expanded to 2-D)" if api == "fp8_fp4" else (" clean_logits=True" if args.clean_logits else "")
+    hello = {"name": f"deepgemm:{entry}{note}", "library": "deep_gemm", "version": str(version),
+             "device": tc.device_name(dev), "capabilities": caps}
+    num_sms = deep_gemm.get_num_sms()
+
+    def run(case):
+        tc.reset_peak(dev)
+        q, w, lens, table = tc.inputs(case, dev)
+        if api == "fp8_fp4":
+            lens = torch.from_numpy(tc.lens_2d(case)).to(dev)
+        flat, kv = tc.kv_cache(case, dev)
+        if w.stride(0) * 4 % 16:
+            raise pc.Skipped("weights rows must be 16-byte aligned (H multiple of 4)")
+        before = tc.checksum(q, w, lens, table, flat)
+        meta = deep_gemm.get_paged_mqa_logits_metadata(lens, case.block_size, num_sms)
+        # Poison the block DeepGEMM's torch.empty will receive.
+        aligned = -(-case.max_model_len // 256) * 256
+        pre = torch.full((case.rows * aligned,), float(tc.poison_f32()), dtype=torch.float32, device=dev)
+        pre_ptr = pre.data_ptr()
+        del pre
+        if api == "fp8_fp4":
+            call = lambda: deep_gemm.fp8_fp4_paged_mqa_logits((q, None), kv, w, lens, table, meta, case.max_model_len)  # noqa: E731
+        else:
+            call = lambda: deep_gemm.fp8_paged_mqa_logits(q, kv, w, lens, table, meta, case.max_model_len, args.clean_logits)  # noqa: E731
+        logits, us = tc.timed(dev, call)
+        if logits.data_ptr() != pre_ptr:
+            print("note: DeepGEMM's output is not the pre-poisoned block: unwritten positions hold stale data",
+                  file=sys.stderr, flush=True)
+        after = tc.checksum(q, w, lens, table, flat)
+        interior = case.interior()
+        interior[:, :case.max_model_len] = logits.float().cpu().numpy()
+        return {"kernel_time_us": us, "inputs_intact": before == after, "device_bytes": tc.device_bytes(dev)}
+
+    pc.serve(hello, run, args.fault, out)
+
+
+def _has_dist(name):
+    from importlib.metadata import PackageNotFoundError, distribution
+    try:
+        distribution(name)
+        return True
+    except PackageNotFoundError:
+        return False
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,333 @@
+"""The worker loop of the mqa-fuzz worker protocol (PROTOCOL.md), for Python adapters.
+
+Needs numpy only: safetensors files are read through numpy memmaps (a multi-GiB output
+never needs a second copy) and written with ``ndarray.tofile``. An adapter provides a
+``hello`` dict and a ``run(case) -> dict`` function and calls :func:`serve`.
+
+``run`` fills ``case.logits`` (the whole guarded 1-D buffer, see :meth:`Case.interior`)
+and returns the optional result fields (``kernel_time_us``, ``inputs_intact``,
+``device_bytes``). It reports failures by raising :class:`Crash`, :class:`Skipped` or
+:class:`Environment`; any other exception is a crash with its traceback on stderr.
+"""
+
+import json
+import os
+import sys
+import time
+import traceback
+
+import numpy as np
+
+PROTOCOL = 1
+POISON_BITS = 0x7FC0FFEE
+CHUNK_K = 256
+# Messages after which a CUDA/HIP context is unusable.
+DEVICE_FAULTS = ("illegal memory access", "CUDA error", "HIP error", "hipError", "unspecified launch failure",
+                 "misaligned address", "device-side assert")
+
+_DTYPES = {"U8": np.uint8, "I32": np.dtype("<i4"), "I64": np.dtype("<i8"), "F32": np.dtype("<f4")}
+_NAMES = {np.dtype(v).str: k for k, v in _DTYPES.items()}
+
+
+class Crash(Exception):
+    """The kernel failed on this case (a finding)."""
+
+
+class Skipped(Exception):
+    """The kernel cannot take this case (not a finding)."""
+
+
+class Environment(Exception):
+    """The machine cannot run the kernel (stops the campaign)."""
+
+
+# ---- safetensors through numpy ------------------------------------------------------
+
+def read_safetensors(path):
+    """name -> read-only numpy array (memory-mapped)."""
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = info["data_offsets"]
+        dtype = np.dtype(_DTYPES[info["dtype"]])
+        shape = tuple(info["shape"])
+        if end == begin:
+            out[name] = np.zeros(shape, dtype)
+        else:
+            out[name] = np.memmap(path, dtype=dtype, mode="r", offset=8 + n + begin, shape=shape)
+    return out
+
+
+def write_safetensors(path, tensors):
+    """Writes name -> numpy array (U8, I32, I64 or F32), little-endian, in order."""
+    header, offset, arrays = {}, 0, []
+    for name, a in tensors.items():
+        a = np.ascontiguousarray(a)
+        dt = _NAMES[a.dtype.newbyteorder("<").str if a.dtype.byteorder == ">" else a.dtype.str]
+        header[name] = {"dtype": dt, "shape": list(a.shape), "data_offsets": [offset, offset + a.nbytes]}
+        offset += a.nbytes
+        arrays.append(a)
+    text = json.dumps(header).encode()
+    text += b" " * ((8 - (len(text) + 8) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(len(text).to_bytes(8, "little"))
+        f.write(text)
+        for a in arrays:
+            a.tofile(f)
+
+
+# ---- fp8 ------------------------------------------------------------------------------
+
+def fp8_table(fmt):
+    """The 256-entry float32 decode table of e4m3fn or e4m3fnuz (NaN codes decode to NaN)."""
+    codes = np.arange(256)
+    sign = np.where(codes & 0x80, -1.0, 1.0)
+    exp = (codes >> 3) & 0xF
+    man = codes & 7
+    bias = 7 if fmt == "e4m3fn" else 8
+    val = np.where(exp == 0, man / 8.0 * 2.0 ** (1 - bias), (1 + man / 8.0) * 2.0 ** (exp - bias))
+    val = sign * val
+    if fmt == "e4m3fn":
+        val[(codes & 0x7F) == 0x7F] = np.nan
+    else:
+        val[0x80] = np.nan
+    return val.astype(np.float32)
+
+
+# ---- the case -------------------------------------------------------------------------
+
+class Case:
+    """A request and its tensors. ``kv_ids``/``kv_blocks`` are the sparse cache."""
+
+    def __init__(self, req):
+        self.req = req
+        for k in ("id", "batch", "next_n", "heads", "head_dim", "block_size", "layout", "format",
+                  "num_blocks", "kv_block_stride", "kv_cache_bytes", "max_model_len", "out_row_stride",
+                  "rows", "max_blocks", "block_table_stride", "guard_elems"):
+            setattr(self, k, req[k])
+        t = read_safetensors(req["case"])
+        self.q = np.asarray(t["q"])
+        self.weights = np.asarray(t["weights"])
+        self.context_lens = np.asarray(t["context_lens"])
+        self.block_table = np.asarray(t["block_table"])
+        self.kv_ids = np.asarray(t["kv_block_ids"])
+        self.kv_blocks = np.asarray(t["kv_blocks"])
+        self.logits = np.array(t["logits"])  # writable copy, guards included
+        self.lens_2d = self.context_lens.ndim == 2
+        self.block_bytes = self.block_size * (self.head_dim + 4)
+
+    def interior(self):
+        """``[rows, out_row_stride]`` view of the output inside the guards."""
+        g = self.guard_elems
+        return self.logits[g:g + self.rows * self.out_row_stride].reshape(self.rows, self.out_row_stride)
+
+    def valid_len(self, r):
+        n = self.next_n
+        b, i = divmod(r, n)
+        if self.lens_2d:
+            return max(0, int(self.context_lens[b, i]))
+        return max(0, int(self.context_lens[b]) - n + i + 1)
+
+    def seq_tokens(self, b):
+        if self.lens_2d:
+            return max(0, int(self.context_lens[b].max()))
+        return max(0, int(self.context_lens[b]))
+
+    def value_offsets(self):
+        """``[block_size, head_dim]`` byte offsets of each value inside a block."""
+        bs, d = self.block_size, self.head_dim
+        p = np.arange(bs)[:, None]
+        dd = np.arange(d)[None, :]
+        if self.layout == "shuffle16":
+            return (p // 16) * 16 * d + (dd // 16) * 256 + (p % 16) * 16 + dd % 16
+        return p * d + dd
+
+    def slot_poison(self):
+        """Poison bytes of one ``kv_block_stride`` slot (``kernel::cpu::poison_byte``)."""
+        values = self.block_size * self.head_dim
+        slot = np.full(self.kv_block_stride, 0x7F if self.format == "e4m3fn" else 0x80, np.uint8)
+        scales = np.tile(np.array([0x00, 0x00, 0xC0, 0x7F], np.uint8), self.block_size)
+        slot[values:values + 4 * self.block_size] = scales
+        return slot
+
+    def full_cache(self):
+        """The whole poisoned device cache as one flat uint8 array (only for caches that fit)."""
+        cache = np.tile(self.slot_poison(), self.num_blocks)
+        s = self.kv_block_stride
+        for k, bid in enumerate(self.kv_ids):
+            cache[int(bid) * s:int(bid) * s + self.block_bytes] = self.kv_blocks[k]
+        return cache
+
+
+class SparseDeviceView:
+    """The poisoned device cache without allocating it (``kernel::cpu::DeviceView``):
+    a read at any byte address returns stored block bytes or poison; outside the
+    allocation it raises :class:`Crash` (an illegal address)."""
+
+    def __init__(self, case):
+        self.case = case
+        self.len = case.num_blocks * case.kv_block_stride
+        self.stride = case.kv_block_stride
+        self.poison = case.slot_poison()
+        self.index = {int(b): k for k, b in enumerate(case.kv_ids)}
+        self.images = {}
+
+    def slot_image(self, slot):
+        k = self.index.get(slot)
+        if k is None:
+            return self.poison
+        img = self.images.get(slot)
+        if img is None:
+            img = self.poison.copy()
+            img[:self.case.block_bytes] = self.case.kv_blocks[k]
+            self.images[slot] = img
+        return img
+
+    def read(self, addr, n, what="read"):
+        if addr < 0 or addr + n > self.len:
+            raise Crash(f"illegal address: {what} of {n} bytes at byte offset {addr} of a {self.len}-byte cache")
+        out = np.empty(n, np.uint8)
+        cur, end = addr, addr + n
+        while cur < end:
+            slot, within = divmod(cur, self.stride)
+            take = min(self.stride - within, end - cur)
+            out[cur - addr:cur - addr + take] = self.slot_image(slot)[within:within + take]
+            cur += take
+        return out
+
+
+# ---- the loop -------------------------------------------------------------------------
+
+def capabilities(**over):
+    """Capabilities of a kernel that accepts everything the case model expresses."""
+    caps = {
+        "formats": ["e4m3fn", "e4m3fnuz"],
+        "layouts": ["normal", "shuffle16"],
+        "block_sizes": "any",
+        "next_n": [1, 8],
+        "heads": None,
+        "head_dims": None,
+        "lens_1d": True,
+        "lens_2d": True,
+        "scale_placement": "after_relu_sum",
+        "accumulation": {"kind": "f32"},
+        "outside": "any",
+        "max_kv_bytes": None,
+        "hostile_values": True,
+        "nan_behaviour": "propagates NaN",
+    }
+    caps.update(over)
+    return caps
+
+
+class Faults:
+    """Misbehaviour on purpose (``--fault``), counted in requests served by this process:
+    ``crash-at=N`` (abort), ``hang-at=N``, ``garbage-at=N``, ``crash-if-ctx-over=T``
+    (abort on any case with a context length above T: deterministic, so shrinkable),
+    ``skew`` (announce protocol 2)."""
+
+    def __init__(self, spec):
+        self.kind, self.n = None, None
+        if spec:
+            if spec == "skew":
+                self.kind = "skew"
+            else:
+                kind, _, n = spec.partition("=")
+                if kind not in ("crash-at", "hang-at", "garbage-at", "crash-if-ctx-over") or not n.isdigit():
+                    raise SystemExit(f"--fault {spec!r}: expected crash-at=N, hang-at=N, garbage-at=N, crash-if-ctx-over=T or skew")
+                self.kind, self.n = kind, int(n)
+
+    def before(self, served, req, proto_out):
+        if self.kind == "crash-at" and served == self.n or (
+                self.kind == "crash-if-ctx-over" and _max_len(req["context_lens"]) > self.n):
+            print(f"fault injection: aborting on request {served} (id {req['id']})", file=sys.stderr, flush=True)
+            os.abort()
+        if self.kind == "hang-at" and served == self.n:
+            print(f"fault injection: hanging on request {served}", file=sys.stderr, flush=True)
+            while True:
+                time.sleep(3600)
+        if self.kind == "garbage-at" and served == self.n:
+            print(f"fault injection: garbage on request {served}", file=sys.stderr, flush=True)
+            proto_out.write("Traceback (most recent call last): not a protocol line\n")
+            proto_out.flush()
+            return True
+        return False
+
+
+def _max_len(lens):
+    flat = [x for row in lens for x in row] if lens and isinstance(lens[0], list) else list(lens)
+    return max(flat, default=0)
+
+
+def add_common_args(parser):
+    parser.add_argument("--fault", help="misbehave on purpose (tests): crash-at=N, hang-at=N, garbage-at=N, crash-if-ctx-over=T, skew")
+
+
+def protocol_stdout():
+    """The protocol stream; ``sys.stdout`` is pointed at stderr so stray prints from
+    libraries cannot corrupt it."""
+    proto = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return proto
+
+
+def send(out, msg):
+    out.write(json.dumps(msg, allow_nan=False) + "\n")
+    out.flush()
+
+
+def refuse(kind, message, out=None):
+    """Sends the start-up error line (library missing, no device) and exits 3."""
+    out = out or protocol_stdout()
+    send(out, {"type": "error", "id": None, "kind": kind, "message": message})
+    sys.exit(3)
+
+
+def serve(hello, run, fault_spec=None, out=None):
+    """Sends ``hello`` (name, library, version, device, capabilities), then answers
+    requests until stdin closes."""
+    out = out or protocol_stdout()
+    faults = Faults(fault_spec)
+    msg = {"type": "hello", "protocol": PROTOCOL + (1 if faults.kind == "skew" else 0)}
+    msg.update(hello)
+    send(out, msg)
+    served = 0
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        served += 1
+        try:
+            req = json.loads(line)
+        except ValueError as e:
+            send(out, {"type": "error", "id": None, "kind": "crash", "message": f"bad request: {e}"})
+            continue
+        if faults.before(served, req, out):
+            continue
+        rid = req.get("id")
+        try:
+            case = Case(req)
+            info = run(case) or {}
+            write_safetensors(req["output"], {"logits": case.logits})
+            res = {"type": "result", "id": rid, "output": req["output"]}
+            res.update({k: v for k, v in info.items() if k in ("kernel_time_us", "inputs_intact", "device_bytes")})
+            send(out, res)
+        except Crash as e:
+            send(out, {"type": "error", "id": rid, "kind": "crash", "message": str(e)})
+        except Skipped as e:
+            send(out, {"type": "error", "id": rid, "kind": "skipped", "message": str(e)})
+        except Environment as e:
+            send(out, {"type": "error", "id": rid, "kind": "environment", "message": str(e)})
+        except MemoryError as e:
+            send(out, {"type": "error", "id": rid, "kind": "skipped", "message": f"out of host memory: {e}"})
+        except Exception as e:  # noqa: BLE001 - any library failure is this case's crash
+            traceback.print_exc(file=sys.stderr)
+            send(out, {"type": "error", "id": rid, "kind": "crash", "message": f"{type(e).__name__}: {e}"})
+            if any(m in str(e) for m in DEVICE_FAULTS):
+                # The device context is gone after a fault: let mqa-fuzz start a fresh worker.
+                print("device fault: exiting so the next case gets a fresh context", file=sys.stderr, flush=True)
+                sys.exit(1)

@@ -1,0 +1,116 @@
+"""Torch helpers shared by the library adapters (DeepGEMM, AITER, vLLM, torch): the
+poisoned device cache as the libraries take it, inputs on the device, checksums for
+``inputs_intact``, and kernel timing."""
+
+import numpy as np
+import torch
+
+import protocol_common as pc
+
+
+def device():
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def device_name(dev):
+    if dev.type == "cuda":
+        p = torch.cuda.get_device_properties(dev)
+        arch = getattr(p, "gcnArchName", None) or f"sm{p.major}{p.minor}"
+        return f"{p.name} ({arch})"
+    return "cpu"
+
+
+def fp8_dtype(fmt):
+    return torch.float8_e4m3fn if fmt == "e4m3fn" else torch.float8_e4m3fnuz
+
+
+def poison_f32():
+    return np.array([pc.POISON_BITS], np.uint32).view(np.float32)[0]
+
+
+def kv_cache(case, dev):
+    """The poisoned device cache: a flat uint8 allocation of ``num_blocks *
+    kv_block_stride`` bytes, stored blocks at ``id * stride``, poison elsewhere, and the
+    ``[num_blocks, bs, 1, D+4]`` uint8 view with ``stride(0) = kv_block_stride`` that the
+    libraries take. Out of memory is :class:`Skipped`."""
+    n, s = case.num_blocks, case.kv_block_stride
+    try:
+        flat = torch.empty(n * s, dtype=torch.uint8, device=dev)
+    except (torch.cuda.OutOfMemoryError, RuntimeError, MemoryError) as e:
+        raise pc.Skipped(f"cannot allocate the {n * s}-byte KV cache on {dev}: {e}")
+    rows = flat.view(n, s)
+    rows.copy_(torch.from_numpy(case.slot_poison()).to(dev).expand(n, s))
+    if len(case.kv_ids):
+        ids = torch.from_numpy(case.kv_ids.astype(np.int64)).to(dev)
+        rows[ids, :case.block_bytes] = torch.from_numpy(np.ascontiguousarray(case.kv_blocks)).to(dev)
+    view = flat.as_strided((n, case.block_size, 1, case.head_dim + 4), (s, case.head_dim + 4, case.head_dim + 4, 1))
+    return flat, view
+
+
+def inputs(case, dev):
+    """q (fp8 [B,N,H,D]), weights (f32 [B*N,H]), lengths (int32 as given), block table
+    (int32 [B, max_blocks] view with the case's row stride)."""
+    q = torch.from_numpy(np.ascontiguousarray(case.q)).to(dev).view(fp8_dtype(case.format))
+    w = torch.from_numpy(np.ascontiguousarray(case.weights)).to(dev)
+    lens = torch.from_numpy(np.ascontiguousarray(case.context_lens)).to(dev)
+    table_full = torch.from_numpy(np.ascontiguousarray(case.block_table)).to(dev)
+    table = table_full[:, :case.max_blocks]
+    return q, w, lens, table
+
+
+def lens_2d(case):
+    """Per-token lengths [B, N] (1-D lengths expanded: row i sees ctx - N + i + 1)."""
+    if case.lens_2d:
+        return np.ascontiguousarray(case.context_lens, dtype=np.int32)
+    n = case.next_n
+    c = case.context_lens.astype(np.int64)[:, None]
+    return np.maximum(0, c - n + np.arange(n)[None, :] + 1).astype(np.int32)
+
+
+def checksum(*ts):
+    """An order-sensitive checksum of tensors' bytes, computed on their device."""
+    out = []
+    for t in ts:
+        b = t.reshape(-1).view(torch.uint8) if t.is_contiguous() else t.contiguous().reshape(-1).view(torch.uint8)
+        n = b.numel() - b.numel() % 4
+        words = b[:n].view(torch.int32)
+        pos = torch.arange(words.numel(), device=t.device, dtype=torch.int32) % 65521 + 1
+        out.append(int((words.to(torch.int64) * pos).sum()) if words.numel() < (1 << 26)
+                   else int(words.sum(dtype=torch.int64)) ^ int(words[::997].to(torch.int64).sum()))
+        out.append(int(b[n:].to(torch.int64).sum()))
+    return out
+
+
+def timed(dev, fn):
+    """Runs fn(); returns (result, microseconds), with device events on GPUs."""
+    if dev.type == "cuda":
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        r = fn()
+        b.record()
+        torch.cuda.synchronize()
+        return r, a.elapsed_time(b) * 1000.0
+    import time
+    t0 = time.perf_counter()
+    r = fn()
+    return r, (time.perf_counter() - t0) * 1e6
+
+
+def guarded_output(case, dev):
+    """The whole guarded logits buffer on the device (poisoned as received), and the
+    ``[rows, max_model_len]`` view with row stride ``out_row_stride`` inside it."""
+    buf = torch.from_numpy(case.logits).to(dev)
+    g = case.guard_elems
+    view = buf[g:g + case.rows * case.out_row_stride].view(case.rows, case.out_row_stride)[:, :case.max_model_len]
+    return buf, view
+
+
+def device_bytes(dev):
+    if dev.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(dev))
+    return None
+
+
+def reset_peak(dev):
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)

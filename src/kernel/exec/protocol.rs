@@ -1,0 +1,462 @@
+//! The worker protocol, version 1 (specified for adapter writers in
+//! `kernels/external/PROTOCOL.md`): the messages, and the case and output files.
+//!
+//! Control travels as JSON lines on the worker's stdin/stdout; tensors travel as
+//! safetensors files in a per-worker temporary directory, because a case can hold
+//! gigabytes (a 2 GiB output) that no one wants inside a JSON line, and every language
+//! with a numpy-like library reads safetensors.
+
+use super::safetensors_stream::{self as st, Data};
+use crate::case::{BlockTable, Case, ContextLens, Shape, SparseKvCache, ValueLayout};
+use crate::fp8::Fp8Format;
+use crate::kernel::{Capabilities, OutputBuffer, RunError, RunInfo, GUARD_ELEMS};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+use std::time::Duration;
+
+/// The protocol version this build speaks; a worker announcing another is refused.
+pub const PROTOCOL_VERSION: u64 = 1;
+
+/// The worker's first line.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Hello {
+    pub protocol: u64,
+    /// What the worker runs (`deepgemm:fp8_fp4_paged_mqa_logits`, `cpu:chunked`, ...).
+    pub name: String,
+    /// The library under test (`deep_gemm`, `aiter`, `numpy`, `mqa-fuzz`).
+    pub library: String,
+    pub version: String,
+    /// Where it runs (`NVIDIA H200 (sm90)`, `cpu`).
+    pub device: String,
+    pub capabilities: Capabilities,
+}
+
+/// Why a worker could not run a case (the `kind` of an `error` line).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    Crash,
+    Skipped,
+    Environment,
+}
+
+/// A line from the worker.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum WorkerLine {
+    Hello(Box<Hello>),
+    Result {
+        id: u64,
+        output: String,
+        #[serde(default)]
+        kernel_time_us: Option<f64>,
+        #[serde(default)]
+        inputs_intact: Option<bool>,
+        #[serde(default)]
+        device_bytes: Option<u64>,
+    },
+    Error {
+        /// `null` for an error before any request (e.g. the library is not installed).
+        #[serde(default)]
+        id: Option<u64>,
+        kind: ErrorKind,
+        message: String,
+    },
+}
+
+impl WorkerLine {
+    pub fn to_line(&self) -> String {
+        let mut s = serde_json::to_string(self).expect("worker lines serialize");
+        s.push('\n');
+        s
+    }
+}
+
+/// Parses the handshake, checking the version before anything else so that a worker of
+/// another protocol version gets a clear message instead of a field error.
+pub fn parse_hello(line: &str) -> Result<Hello, RunError> {
+    let v: serde_json::Value = serde_json::from_str(line)
+        .map_err(|_| RunError::Crash(format!("worker's first line is not JSON: {}", clip(line))))?;
+    match v.get("type").and_then(|t| t.as_str()) {
+        Some("hello") => {}
+        Some("error") => {
+            let msg = v
+                .get("message")
+                .and_then(|m| m.as_str())
+                .unwrap_or("(no message)");
+            let kind = v
+                .get("kind")
+                .and_then(|m| m.as_str())
+                .unwrap_or("environment");
+            return Err(match kind {
+                "crash" => RunError::Crash(format!("worker failed to start: {msg}")),
+                _ => RunError::Environment(format!("worker cannot run here: {msg}")),
+            });
+        }
+        _ => {
+            return Err(RunError::Crash(format!(
+                "worker's first line is not a hello: {}",
+                clip(line)
+            )))
+        }
+    }
+    match v.get("protocol").and_then(|p| p.as_u64()) {
+        Some(PROTOCOL_VERSION) => {}
+        other => {
+            return Err(RunError::Environment(format!(
+                "worker speaks protocol {}, this mqa-fuzz speaks protocol {PROTOCOL_VERSION}: update the adapter or mqa-fuzz",
+                other.map(|p| p.to_string()).unwrap_or_else(|| "(missing)".into())
+            )))
+        }
+    }
+    let hello: Hello = serde_path_to_error::deserialize(v).map_err(|e| {
+        RunError::Environment(format!("worker's hello: field {}: {}", e.path(), e.inner()))
+    })?;
+    Ok(hello)
+}
+
+/// Shortens a line for an error message.
+pub fn clip(s: &str) -> String {
+    let s = s.trim_end();
+    if s.chars().count() <= 200 {
+        format!("{s:?}")
+    } else {
+        format!(
+            "{:?}... ({} bytes)",
+            s.chars().take(200).collect::<String>(),
+            s.len()
+        )
+    }
+}
+
+/// Context lengths as they appear in a request: a list or a list of lists.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum LensWire {
+    PerSequence(Vec<i64>),
+    PerToken(Vec<Vec<i64>>),
+}
+
+/// A `run` line: the scalars of the case, and where its tensors are.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunRequest {
+    /// Always `"run"`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub id: u64,
+    /// The case file (safetensors) to read.
+    pub case: String,
+    /// Where to write the output file (safetensors holding `logits`).
+    pub output: String,
+    pub batch: usize,
+    pub next_n: usize,
+    pub heads: usize,
+    pub head_dim: usize,
+    pub block_size: usize,
+    pub layout: ValueLayout,
+    pub format: Fp8Format,
+    pub num_blocks: u64,
+    pub kv_block_stride: u64,
+    /// `num_blocks * kv_block_stride`: the device cache the worker allocates.
+    pub kv_cache_bytes: u64,
+    pub max_model_len: usize,
+    pub out_row_stride: usize,
+    /// `batch * next_n`.
+    pub rows: usize,
+    pub max_blocks: usize,
+    pub block_table_stride: usize,
+    /// Poisoned f32 elements before and after the `rows * out_row_stride` interior of
+    /// the `logits` tensor.
+    pub guard_elems: usize,
+    pub poison_bits: u32,
+    pub context_lens: LensWire,
+}
+
+impl RunRequest {
+    pub fn new(id: u64, case: &Case, case_path: &Path, output_path: &Path) -> Self {
+        let s = &case.shape;
+        RunRequest {
+            kind: "run".into(),
+            id,
+            case: case_path.display().to_string(),
+            output: output_path.display().to_string(),
+            batch: s.batch,
+            next_n: s.next_n,
+            heads: s.heads,
+            head_dim: s.head_dim,
+            block_size: s.block_size,
+            layout: s.layout,
+            format: s.format,
+            num_blocks: case.num_blocks,
+            kv_block_stride: case.kv_block_stride,
+            kv_cache_bytes: case.kv_cache_bytes(),
+            max_model_len: case.max_model_len,
+            out_row_stride: case.out_row_stride,
+            rows: case.rows(),
+            max_blocks: case.block_table.max_blocks,
+            block_table_stride: case.block_table.row_stride,
+            guard_elems: GUARD_ELEMS,
+            poison_bits: crate::kernel::POISON_BITS,
+            context_lens: match &case.context_lens {
+                ContextLens::PerSequence(v) => LensWire::PerSequence(v.clone()),
+                ContextLens::PerToken(v) => LensWire::PerToken(v.clone()),
+            },
+        }
+    }
+
+    pub fn to_line(&self) -> String {
+        let mut s = serde_json::to_string(self).expect("requests serialize");
+        s.push('\n');
+        s
+    }
+}
+
+/// Writes the case file: every input tensor and the poisoned, guarded output buffer.
+pub fn write_case_file(path: &Path, case: &Case, out: &OutputBuffer) -> std::io::Result<()> {
+    let s = &case.shape;
+    let lens: Vec<i32>;
+    let lens_shape;
+    match &case.context_lens {
+        ContextLens::PerSequence(v) => {
+            lens = v.iter().map(|&x| x as i32).collect();
+            lens_shape = vec![s.batch];
+        }
+        ContextLens::PerToken(v) => {
+            lens = v.iter().flatten().map(|&x| x as i32).collect();
+            lens_shape = vec![s.batch, s.next_n];
+        }
+    }
+    // Validation guarantees table entries fit in int32.
+    let table: Vec<i32> = case.block_table.entries.iter().map(|&x| x as i32).collect();
+    let ids: Vec<i64> = case.kv.blocks.keys().map(|&id| id as i64).collect();
+    let blocks: Vec<&[u8]> = case.kv.blocks.values().map(Vec::as_slice).collect();
+    let (raw, _) = out.raw();
+    st::write(
+        path,
+        &[
+            (
+                "q",
+                vec![s.batch, s.next_n, s.heads, s.head_dim],
+                Data::Bytes(&case.q),
+            ),
+            ("weights", vec![s.rows(), s.heads], Data::F32(&case.weights)),
+            ("context_lens", lens_shape, Data::I32(&lens)),
+            (
+                "block_table",
+                vec![s.batch, case.block_table.row_stride],
+                Data::I32(&table),
+            ),
+            ("kv_block_ids", vec![ids.len()], Data::I64(&ids)),
+            (
+                "kv_blocks",
+                vec![ids.len(), s.block_bytes()],
+                Data::Pieces(blocks),
+            ),
+            ("logits", vec![raw.len()], Data::F32(raw)),
+        ],
+    )
+}
+
+/// Reads a worker's output file into the harness's buffer, guards included.
+pub fn read_output(path: &Path, out: &mut OutputBuffer) -> Result<(), String> {
+    let mut r = st::Reader::open(path)?;
+    let (raw, _) = out.raw_mut();
+    r.f32s_into("logits", raw)?;
+    Ok(())
+}
+
+/// Writes an output file (worker side).
+pub fn write_output(path: &Path, out: &OutputBuffer) -> std::io::Result<()> {
+    let (raw, _) = out.raw();
+    st::write(path, &[("logits", vec![raw.len()], Data::F32(raw))])
+}
+
+/// Rebuilds the case and the poisoned output buffer from a request and its file
+/// (worker side). Every size is checked against the request; the case is validated.
+pub fn read_case_file(req: &RunRequest) -> Result<(Case, OutputBuffer), String> {
+    let path = Path::new(&req.case);
+    let at = |e: String| format!("{}: {e}", path.display());
+    let mut r = st::Reader::open(path).map_err(at)?;
+    let shape = Shape {
+        batch: req.batch,
+        next_n: req.next_n,
+        heads: req.heads,
+        head_dim: req.head_dim,
+        block_size: req.block_size,
+        layout: req.layout,
+        format: req.format,
+    };
+    let expect = |name: &str, got: &[usize], want: &[usize]| {
+        if got != want {
+            Err(at(format!(
+                "tensor {name} has shape {got:?}, the request says {want:?}"
+            )))
+        } else {
+            Ok(())
+        }
+    };
+    let (qs, q) = r.bytes("q").map_err(at)?;
+    expect(
+        "q",
+        &qs,
+        &[shape.batch, shape.next_n, shape.heads, shape.head_dim],
+    )?;
+    let (ws, weights) = r.f32s("weights").map_err(at)?;
+    expect("weights", &ws, &[shape.rows(), shape.heads])?;
+    let (ts, table) = r.i32s("block_table").map_err(at)?;
+    expect("block_table", &ts, &[shape.batch, req.block_table_stride])?;
+    let (is, ids) = r.i64s("kv_block_ids").map_err(at)?;
+    let (bs_shape, blocks) = r.bytes("kv_blocks").map_err(at)?;
+    let n = *is.first().unwrap_or(&0);
+    expect("kv_blocks", &bs_shape, &[n, shape.block_bytes()])?;
+    let mut kv = SparseKvCache::default();
+    for (k, &id) in ids.iter().enumerate() {
+        if id < 0 {
+            return Err(at(format!("kv_block_ids[{k}] = {id} is negative")));
+        }
+        let bb = shape.block_bytes();
+        kv.blocks
+            .insert(id as u64, blocks[k * bb..(k + 1) * bb].to_vec());
+    }
+    let context_lens = match &req.context_lens {
+        LensWire::PerSequence(v) => ContextLens::PerSequence(v.clone()),
+        LensWire::PerToken(v) => ContextLens::PerToken(v.clone()),
+    };
+    let case = Case {
+        shape,
+        num_blocks: req.num_blocks,
+        kv_block_stride: req.kv_block_stride,
+        context_lens,
+        block_table: BlockTable {
+            max_blocks: req.max_blocks,
+            row_stride: req.block_table_stride,
+            entries: table.into_iter().map(i64::from).collect(),
+        },
+        max_model_len: req.max_model_len,
+        out_row_stride: req.out_row_stride,
+        q,
+        weights,
+        kv,
+    };
+    case.validate()
+        .map_err(|e| at(format!("invalid case: {}: {}", e.field, e.message)))?;
+    if req.guard_elems != GUARD_ELEMS {
+        return Err(at(format!(
+            "guard_elems {} differs from this build's {GUARD_ELEMS}",
+            req.guard_elems
+        )));
+    }
+    let mut out = OutputBuffer::for_case(&case);
+    let (raw, _) = out.raw_mut();
+    r.f32s_into("logits", raw).map_err(at)?;
+    Ok((case, out))
+}
+
+/// A worker's `result` line as the harness's [`RunInfo`].
+pub fn run_info(
+    kernel_time_us: Option<f64>,
+    inputs_intact: Option<bool>,
+    device_bytes: Option<u64>,
+) -> RunInfo {
+    RunInfo {
+        kernel_time: kernel_time_us
+            .filter(|t| t.is_finite() && *t >= 0.0)
+            .map(|t| Duration::from_secs_f64(t / 1e6)),
+        inputs_intact,
+        device_bytes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::generate::{LensRecipe, OffsetClass, Padding, Recipe, TableOrder, ValueKind};
+
+    fn case() -> Case {
+        Recipe {
+            next_n: 2,
+            heads: 4,
+            head_dim: 32,
+            block_size: 16,
+            layout: ValueLayout::Shuffle16,
+            format: Fp8Format::E4m3fnuz,
+            lens: LensRecipe::PerToken(vec![vec![20, 21], vec![0, 3]]),
+            model_len_slack: 3,
+            out_stride_pad: 5,
+            big_output: false,
+            table_order: TableOrder::Permuted,
+            padding: Padding::MinusOne,
+            surplus_blocks: 1,
+            table_stride_pad: 2,
+            kv_stride_pad: 12,
+            offsets: OffsetClass::Around2G,
+            values: ValueKind::Pipeline,
+            seed: 3,
+        }
+        .materialize()
+    }
+
+    #[test]
+    fn case_file_round_trips_through_a_request() {
+        let c = case();
+        let dir = tempfile::tempdir().unwrap();
+        let (cp, op) = (
+            dir.path().join("c.safetensors"),
+            dir.path().join("o.safetensors"),
+        );
+        let mut out = OutputBuffer::for_case(&c);
+        write_case_file(&cp, &c, &out).unwrap();
+        let req = RunRequest::new(9, &c, &cp, &op);
+        let line = req.to_line();
+        let back: RunRequest = serde_json::from_str(&line).unwrap();
+        assert_eq!(back, req);
+        let (c2, out2) = read_case_file(&back).unwrap();
+        assert_eq!(c2, c);
+        assert!(out2
+            .raw()
+            .0
+            .iter()
+            .all(|x| x.to_bits() == crate::kernel::POISON_BITS));
+        // An output with a guard write survives the trip, so oob checks stay meaningful.
+        let mut o3 = out2.clone();
+        o3.raw_mut().0[1] = 5.0;
+        o3.set(0, 0, 1.25);
+        write_output(&op, &o3).unwrap();
+        read_output(&op, &mut out).unwrap();
+        assert_eq!(out.get(0, 0), 1.25);
+        assert_eq!(out.out_of_bounds_writes(), vec![1]);
+    }
+
+    #[test]
+    fn hello_version_skew_is_an_environment_error() {
+        let e = parse_hello(r#"{"type":"hello","protocol":2,"name":"x"}"#).unwrap_err();
+        assert!(
+            matches!(&e, RunError::Environment(m) if m.contains("protocol 2")),
+            "{e}"
+        );
+        let e = parse_hello("garbage").unwrap_err();
+        assert!(matches!(e, RunError::Crash(_)));
+        let e = parse_hello(
+            r#"{"type":"error","id":null,"kind":"environment","message":"no deep_gemm"}"#,
+        )
+        .unwrap_err();
+        assert!(matches!(&e, RunError::Environment(m) if m.contains("no deep_gemm")));
+        let caps =
+            crate::kernel::Capabilities::everything(crate::case::ScalePlacement::AfterReluSum);
+        let h = Hello {
+            protocol: 1,
+            name: "n".into(),
+            library: "l".into(),
+            version: "v".into(),
+            device: "cpu".into(),
+            capabilities: caps,
+        };
+        let line = WorkerLine::Hello(Box::new(h.clone())).to_line();
+        assert_eq!(parse_hello(&line).unwrap(), h);
+        let e = parse_hello(r#"{"type":"hello","protocol":1,"name":"x","library":"l","version":"v","device":"d","capabilities":{}}"#).unwrap_err();
+        assert!(
+            matches!(&e, RunError::Environment(m) if m.contains("capabilities")),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,205 @@
+//! The worker side of the protocol for built-in kernels: `mqa-fuzz worker --kernel NAME`
+//! serves any kernel `kernel::open` knows, so an in-process kernel (a CUDA kernel that
+//! may hit an illegal address) can run isolated in a child process whose death costs
+//! one case, not the campaign.
+//!
+//! `--fault` makes the worker misbehave on purpose, so the client's handling of dying,
+//! hanging, babbling and outdated workers is tested against a real process.
+
+use super::protocol::{self, ErrorKind, Hello, RunRequest, WorkerLine, PROTOCOL_VERSION};
+use crate::error::{exit, Fatal};
+use crate::kernel::{self, Kernel, RunError};
+use std::io::{BufRead, Write};
+use std::path::Path;
+
+/// A misbehaviour on purpose, counted in requests served by this process (from 1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// Abort (SIGABRT) on request N, like a device fault taking the process down.
+    CrashAt(u64),
+    /// Stop answering on request N.
+    HangAt(u64),
+    /// Print a line that is not JSON on request N.
+    GarbageAt(u64),
+    /// Answer request N with another id.
+    WrongIdAt(u64),
+    /// Announce protocol version 2.
+    Skew,
+}
+
+impl Fault {
+    pub fn parse(s: &str) -> Result<Fault, String> {
+        if s == "skew" {
+            return Ok(Fault::Skew);
+        }
+        let (what, n) = s
+            .split_once('=')
+            .ok_or_else(|| format!("--fault {s:?}: expected KIND=N or skew"))?;
+        let n: u64 = n
+            .parse()
+            .map_err(|_| format!("--fault {s:?}: {n:?} is not a request number"))?;
+        match what {
+            "crash-at" => Ok(Fault::CrashAt(n)),
+            "hang-at" => Ok(Fault::HangAt(n)),
+            "garbage-at" => Ok(Fault::GarbageAt(n)),
+            "wrong-id-at" => Ok(Fault::WrongIdAt(n)),
+            _ => Err(format!(
+                "--fault {s:?}: kinds are crash-at, hang-at, garbage-at, wrong-id-at, skew"
+            )),
+        }
+    }
+}
+
+fn send(out: &mut impl Write, line: &WorkerLine) -> std::io::Result<()> {
+    out.write_all(line.to_line().as_bytes())?;
+    out.flush()
+}
+
+/// Serves `kernel_name` on stdin/stdout until stdin closes.
+pub fn serve(kernel_name: &str, fault: Option<Fault>) -> Result<i32, Fatal> {
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let io = |e: std::io::Error| Fatal::environment(format!("worker: cannot write to stdout: {e}"));
+    let k = match kernel::open(kernel_name) {
+        Ok(k) => k,
+        Err(e) => {
+            let msg = e.to_string();
+            send(
+                &mut out,
+                &WorkerLine::Error {
+                    id: None,
+                    kind: ErrorKind::Environment,
+                    message: msg.clone(),
+                },
+            )
+            .map_err(io)?;
+            return Err(Fatal::from(e));
+        }
+    };
+    let mut device = if kernel_name.starts_with("cpu:") {
+        "cpu".to_string()
+    } else {
+        kernel_name.split(':').next().unwrap_or("").to_string()
+    };
+    if let Ok(d) = std::env::var("MQA_FUZZ_WORKER_DEVICE") {
+        device.push_str(&format!(" (device {d})"));
+    }
+    let hello = Hello {
+        protocol: if fault == Some(Fault::Skew) {
+            PROTOCOL_VERSION + 1
+        } else {
+            PROTOCOL_VERSION
+        },
+        name: k.name().to_string(),
+        library: "mqa-fuzz".into(),
+        version: k.version(),
+        device,
+        capabilities: k.capabilities().clone(),
+    };
+    send(&mut out, &WorkerLine::Hello(Box::new(hello))).map_err(io)?;
+    let stdin = std::io::stdin();
+    let mut served = 0u64;
+    for line in stdin.lock().lines() {
+        let line =
+            line.map_err(|e| Fatal::environment(format!("worker: cannot read stdin: {e}")))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        served += 1;
+        let req: RunRequest = match serde_json::from_str(&line) {
+            Ok(r) => r,
+            Err(e) => {
+                let id = serde_json::from_str::<serde_json::Value>(&line)
+                    .ok()
+                    .and_then(|v| v.get("id")?.as_u64());
+                let message = format!("bad request ({e}): {}", protocol::clip(&line));
+                send(
+                    &mut out,
+                    &WorkerLine::Error {
+                        id,
+                        kind: ErrorKind::Crash,
+                        message,
+                    },
+                )
+                .map_err(io)?;
+                continue;
+            }
+        };
+        match fault {
+            Some(Fault::CrashAt(n)) if n == served => {
+                eprintln!(
+                    "mqa-fuzz worker: fault injection: aborting on request {served} (id {})",
+                    req.id
+                );
+                std::process::abort();
+            }
+            Some(Fault::HangAt(n)) if n == served => {
+                eprintln!("mqa-fuzz worker: fault injection: hanging on request {served}");
+                loop {
+                    std::thread::park();
+                }
+            }
+            Some(Fault::GarbageAt(n)) if n == served => {
+                eprintln!("mqa-fuzz worker: fault injection: printing garbage on request {served}");
+                out.write_all(b"Segmentation fault? no, just chatter on stdout\n")
+                    .map_err(io)?;
+                out.flush().map_err(io)?;
+                continue;
+            }
+            _ => {}
+        }
+        let mut reply = answer(k.as_ref(), &req);
+        if fault == Some(Fault::WrongIdAt(served)) {
+            if let WorkerLine::Result { id, .. } | WorkerLine::Error { id: Some(id), .. } =
+                &mut reply
+            {
+                *id += 1;
+            }
+        }
+        send(&mut out, &reply).map_err(io)?;
+    }
+    Ok(exit::CLEAN)
+}
+
+/// Runs one request and builds its answer line.
+fn answer(k: &dyn Kernel, req: &RunRequest) -> WorkerLine {
+    let error = |kind, message| WorkerLine::Error {
+        id: Some(req.id),
+        kind,
+        message,
+    };
+    let (case, mut buf) = match protocol::read_case_file(req) {
+        Ok(x) => x,
+        Err(e) => return error(ErrorKind::Crash, format!("bad case file: {e}")),
+    };
+    if let Some(why) = k.capabilities().rejects(&case) {
+        return error(ErrorKind::Skipped, why);
+    }
+    let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| k.run(&case, &mut buf)));
+    match ran {
+        Err(p) => {
+            let what = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "(no message)".into());
+            error(ErrorKind::Crash, format!("kernel panicked: {what}"))
+        }
+        Ok(Err(RunError::Crash(m))) => error(ErrorKind::Crash, m),
+        Ok(Err(RunError::Skipped(m))) => error(ErrorKind::Skipped, m),
+        Ok(Err(RunError::Environment(m))) => error(ErrorKind::Environment, m),
+        Ok(Ok(info)) => match protocol::write_output(Path::new(&req.output), &buf) {
+            Err(e) => error(
+                ErrorKind::Environment,
+                format!("cannot write {}: {e}", req.output),
+            ),
+            Ok(()) => WorkerLine::Result {
+                id: req.id,
+                output: req.output.clone(),
+                kernel_time_us: info.kernel_time.map(|t| t.as_secs_f64() * 1e6),
+                inputs_intact: info.inputs_intact,
+                device_bytes: info.device_bytes,
+            },
+        },
+    }
+}

@@ -1,0 +1,248 @@
+//! The Python adapters in `kernels/external/` through the worker protocol.
+//!
+//! `numpy` needs only python3 + numpy (CI has both): it must be clean on varied cases,
+//! and each `--plant BUG` must produce the same finding classes as `cpu:bug-BUG` on a
+//! case where that bug is caught. The torch-based adapters run against fake library
+//! modules (`kernels/external/testing/`) when torch is importable, else the tests say
+//! why they skipped.
+
+use mqa_fuzz::case::{Case, ValueLayout};
+use mqa_fuzz::fp8::Fp8Format;
+use mqa_fuzz::generate::*;
+use mqa_fuzz::harness::judge_once;
+use mqa_fuzz::kernel::exec::{ExecConfig, ExecKernel};
+use mqa_fuzz::kernel::{self, Kernel};
+use mqa_fuzz::oracle::{Class, Verdict};
+use std::process::Command;
+
+fn python_has(modules: &[&str]) -> bool {
+    let script = format!("import {}", modules.join(", "));
+    Command::new("python3").args(["-c", &script]).output().is_ok_and(|o| o.status.success())
+}
+
+/// Skips (with the reason on stderr) unless python3 can import `modules`.
+macro_rules! require_python {
+    ($($m:expr),+) => {
+        if !python_has(&[$($m),+]) {
+            eprintln!("SKIPPED: python3 cannot import {:?}", [$($m),+]);
+            return;
+        }
+    };
+}
+
+fn adapter(name: &str) -> Box<dyn Kernel> {
+    kernel::open(name).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+/// Opens an alias with extra environment for its worker (no process-wide `set_var`:
+/// tests run in parallel threads).
+fn adapter_with_env(name: &str, env: &[(&str, &str)]) -> Box<dyn Kernel> {
+    // Not through the alias: its availability probe does not see this environment.
+    let mut words = name.split_whitespace();
+    let script = format!("{FAKES}/../{}_adapter.py", words.next().unwrap());
+    let cmd = format!("python3 {script} {}", words.collect::<Vec<_>>().join(" "));
+    let mut cfg = ExecConfig::new(cmd);
+    cfg.worker_envs = vec![env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()];
+    Box::new(ExecKernel::start(name, cfg).unwrap_or_else(|e| panic!("{name}: {e}")))
+}
+
+const FAKES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/kernels/external/testing");
+
+pub fn recipe(lens: Vec<usize>, next_n: usize) -> Recipe {
+    Recipe {
+        next_n,
+        heads: 8,
+        head_dim: 64,
+        block_size: 16,
+        layout: ValueLayout::Normal,
+        format: Fp8Format::E4m3fn,
+        lens: LensRecipe::PerSequence(lens),
+        model_len_slack: 5,
+        out_stride_pad: 3,
+        big_output: false,
+        table_order: TableOrder::Permuted,
+        padding: Padding::MinusOne,
+        surplus_blocks: 1,
+        table_stride_pad: 2,
+        kv_stride_pad: 8,
+        offsets: OffsetClass::Low,
+        values: ValueKind::Pipeline,
+        seed: 7,
+    }
+}
+
+/// Varied cases every correct kernel must pass.
+fn clean_cases() -> Vec<Case> {
+    let mut v = Vec::new();
+    v.push(recipe(vec![300, 0, 17, 512], 2).materialize());
+    let mut r = recipe(vec![40, 33], 3);
+    r.layout = ValueLayout::Shuffle16;
+    r.format = Fp8Format::E4m3fnuz;
+    r.head_dim = 32;
+    v.push(r.materialize());
+    let mut r = recipe(vec![], 2);
+    r.lens = LensRecipe::PerToken(vec![vec![5, 70], vec![0, 1], vec![64, 64]]);
+    r.block_size = 1;
+    r.padding = Padding::Huge;
+    v.push(r.materialize());
+    let mut r = recipe(vec![700, 129], 1);
+    r.block_size = 64;
+    r.offsets = OffsetClass::Around4G;
+    r.table_order = TableOrder::Reversed;
+    r.values = ValueKind::UniformCodes;
+    v.push(r.materialize());
+    let mut r = recipe(vec![260, 3], 2);
+    r.values = ValueKind::Hostile;
+    r.seed = 11;
+    v.push(r.materialize());
+    v
+}
+
+#[test]
+fn numpy_adapter_is_clean_and_agrees_with_cpu_chunked() {
+    require_python!("numpy");
+    let k = adapter("numpy");
+    assert!(k.version().starts_with("numpy "), "{}", k.version());
+    let cpu = kernel::open("cpu:chunked").unwrap();
+    for (n, case) in clean_cases().iter().enumerate() {
+        let v = judge_once(k.as_ref(), case);
+        assert!(v.is_clean(), "case {n}: {v:?}");
+        assert!(v.metrics.checked > 0 || n == 2);
+        let mut a = mqa_fuzz::kernel::OutputBuffer::for_case(case);
+        let mut b = a.clone();
+        k.run(case, &mut a).unwrap();
+        cpu.run(case, &mut b).unwrap();
+        if let Some(d) = mqa_fuzz::harness::divergence(case, (k.as_ref(), &a), (cpu.as_ref(), &b)) {
+            panic!("case {n}: {d}");
+        }
+        // Same chunked stores: the same positions were written outside V(r) too.
+        let written = |o: &mqa_fuzz::kernel::OutputBuffer| -> Vec<bool> {
+            o.interior().iter().map(|x| x.to_bits() != mqa_fuzz::kernel::POISON_BITS).collect()
+        };
+        assert_eq!(written(&a), written(&b), "case {n}: written sets differ");
+    }
+}
+
+/// A case on which `cpu:bug-<plant>` is caught.
+fn case_for(plant: &str) -> Case {
+    let r = match plant {
+        "tail-unwritten" => recipe(vec![300, 0, 17, 512], 2),
+        "offset32-kv" => Recipe { offsets: OffsetClass::Around4G, block_size: 64, ..recipe(vec![700, 300], 1) },
+        // The sequence ends past byte 2^31 of the output.
+        "offset32-out" => Recipe { big_output: true, model_len_slack: 0, block_size: 256, head_dim: 32, ..recipe(vec![1 << 20], 1) },
+        "mask-off-by-one" => recipe(vec![300, 40], 2),
+        "ctx2d-ignored" => Recipe { lens: LensRecipe::PerToken(vec![vec![10, 300], vec![5, 6]]), ..recipe(vec![], 2) },
+        "table-padding-read" => recipe(vec![40, 3], 1),
+        "zero-batch" => recipe(vec![0; 32], 1),
+        "fnuz-as-fn" => Recipe { format: Fp8Format::E4m3fnuz, ..recipe(vec![100, 7], 1) },
+        "scale-before-relu" => Recipe { values: ValueKind::Hostile, seed: 1, ..recipe(vec![600, 500], 1) },
+        "split-boundary-drop" => recipe(vec![3000, 2000], 1),
+        "short-row-skipped" => recipe(vec![1, 300], 2),
+        "store-past-end" => Recipe { model_len_slack: 0, ..recipe(vec![300, 0, 17, 290], 2) },
+        other => panic!("no case for {other}"),
+    };
+    r.materialize()
+}
+
+fn classes(v: &Verdict) -> Vec<Class> {
+    v.finding_classes()
+}
+
+#[test]
+fn numpy_plants_are_caught_like_the_cpu_bugs() {
+    require_python!("numpy");
+    for plant in mqa_fuzz::kernel::cpu::Plant::ALL {
+        let name = plant.name();
+        let case = case_for(name);
+        let cpu = kernel::open(&format!("cpu:bug-{name}")).unwrap();
+        let want = classes(&judge_once(cpu.as_ref(), &case));
+        assert!(!want.is_empty(), "cpu:bug-{name} is not caught by its case");
+        let clean = judge_once(kernel::open("cpu:chunked").unwrap().as_ref(), &case);
+        assert!(clean.is_clean(), "{name}'s case is not clean on cpu:chunked: {clean:?}");
+        let k = adapter(&format!("numpy --plant {name}"));
+        let got = classes(&judge_once(k.as_ref(), &case));
+        assert_eq!(got, want, "numpy --plant {name} vs cpu:bug-{name}");
+        eprintln!("numpy --plant {name}: caught as {got:?}");
+    }
+}
+
+#[test]
+fn numpy_fault_flag_crashes_deterministically_mid_campaign() {
+    require_python!("numpy");
+    let k = adapter("numpy --fault crash-if-ctx-over=400");
+    let short = recipe(vec![300, 17], 2).materialize();
+    let long = recipe(vec![500, 17], 2).materialize();
+    assert!(judge_once(k.as_ref(), &short).is_clean());
+    let v = judge_once(k.as_ref(), &long);
+    assert_eq!(classes(&v), vec![Class::Crash]);
+    let msg = v.examples[0].detail.clone().unwrap_or_default();
+    assert!(msg.contains("fault injection: aborting"), "{msg}");
+    assert!(judge_once(k.as_ref(), &short).is_clean(), "the restarted worker runs the next case");
+}
+
+#[test]
+fn replay_command_exit_codes_with_the_numpy_adapter() {
+    require_python!("numpy");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tail.json");
+    let cf = mqa_fuzz::case::CaseFile { provenance: Default::default(), expected: Default::default(), case: case_for("tail-unwritten") };
+    mqa_fuzz::case::save_case_file(&file, &cf).unwrap();
+    let run = |k: &str| {
+        Command::new(env!("CARGO_BIN_EXE_mqa-fuzz"))
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .args(["replay", "--kernel", k])
+            .arg(&file)
+            .output()
+            .unwrap()
+    };
+    let o = run("numpy");
+    assert_eq!(o.status.code(), Some(0), "{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    let o = run("numpy --plant tail-unwritten");
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("unwritten"));
+    let o = run("numpy --plant no-such-bug");
+    assert_eq!(o.status.code(), Some(3), "an adapter that refuses its arguments cannot run: environment");
+}
+
+#[test]
+fn torch_adapter_is_clean_on_the_cpu() {
+    require_python!("numpy", "torch");
+    let k = adapter("torch --cpu");
+    assert_eq!(k.capabilities().outside, mqa_fuzz::kernel::OutsideContract::NegInf);
+    let mut judged = 0;
+    for (n, case) in clean_cases().iter().enumerate() {
+        let v = judge_once(k.as_ref(), case);
+        if v.skipped.is_some() {
+            continue; // shuffle16 is not the layout engines' torch code reads
+        }
+        judged += 1;
+        assert!(v.is_clean(), "case {n}: {v:?}");
+    }
+    assert!(judged >= 3);
+}
+
+fn dg_case(lens: Vec<usize>, next_n: usize) -> Case {
+    Recipe { heads: 32, head_dim: 64, block_size: 64, ..recipe(lens, next_n) }.materialize()
+}
+
+#[test]
+fn deepgemm_adapter_against_a_fake_deep_gemm() {
+    require_python!("numpy", "torch");
+    let k = adapter_with_env("deepgemm", &[("PYTHONPATH", FAKES)]);
+    assert!(k.version().contains("2.8.2+fake"), "{}", k.version());
+    let caps = k.capabilities();
+    assert_eq!(caps.block_sizes, mqa_fuzz::kernel::BlockSizes::List(vec![64]));
+    for case in [dg_case(vec![300, 0, 17, 513], 2), dg_case(vec![64, 1000], 1)] {
+        let v = judge_once(k.as_ref(), &case);
+        assert!(v.is_clean(), "{v:?}");
+        assert_eq!(v.run.inputs_intact, Some(true));
+    }
+    // Outside the declared shapes: skipped by the harness, never sent.
+    let v = judge_once(k.as_ref(), &recipe(vec![30], 1).materialize());
+    assert!(v.skipped.is_some());
+    drop(k);
+    let k = adapter_with_env("deepgemm", &[("PYTHONPATH", FAKES), ("MQA_FUZZ_FAKE_BUG", "nan-last")]);
+    let v = judge_once(k.as_ref(), &dg_case(vec![300, 17], 2));
+    assert_eq!(classes(&v), vec![Class::Nan], "{v:?}");
+    assert!(!v.guard.redundant);
+}

@@ -1,0 +1,262 @@
+//! The worker protocol end to end against real child processes: built-in kernels
+//! served by `mqa-fuzz worker`, and workers that crash, hang, babble, answer out of
+//! order or speak another protocol version on purpose.
+
+use mqa_fuzz::case::{Case, ValueLayout};
+use mqa_fuzz::fp8::Fp8Format;
+use mqa_fuzz::generate::*;
+use mqa_fuzz::harness::judge_once;
+use mqa_fuzz::kernel::exec::{device_env, ExecConfig, ExecKernel};
+use mqa_fuzz::kernel::{self, Kernel, OutputBuffer, RunError};
+use mqa_fuzz::oracle::Class;
+use std::time::{Duration, Instant};
+
+fn recipe(lens: Vec<usize>, next_n: usize, seed: u64) -> Recipe {
+    Recipe {
+        next_n,
+        heads: 8,
+        head_dim: 64,
+        block_size: 16,
+        layout: ValueLayout::Normal,
+        format: Fp8Format::E4m3fn,
+        lens: LensRecipe::PerSequence(lens),
+        model_len_slack: 5,
+        out_stride_pad: 3,
+        big_output: false,
+        table_order: TableOrder::Permuted,
+        padding: Padding::MinusOne,
+        surplus_blocks: 1,
+        table_stride_pad: 2,
+        kv_stride_pad: 8,
+        offsets: OffsetClass::Low,
+        values: ValueKind::Pipeline,
+        seed,
+    }
+}
+
+fn cases() -> Vec<Case> {
+    (0..4)
+        .map(|k| recipe(vec![300 + k, 0, 17, 40], 2, k as u64).materialize())
+        .collect()
+}
+
+fn worker_cmd(kernel: &str, fault: Option<&str>) -> String {
+    let mut c = format!(
+        "'{}' worker --kernel {kernel}",
+        env!("CARGO_BIN_EXE_mqa-fuzz")
+    );
+    if let Some(f) = fault {
+        c.push_str(&format!(" --fault {f}"));
+    }
+    c
+}
+
+fn start(kernel: &str, fault: Option<&str>, timeout: Duration) -> ExecKernel {
+    let mut cfg = ExecConfig::new(worker_cmd(kernel, fault));
+    cfg.case_timeout = timeout;
+    cfg.handshake_timeout = Duration::from_secs(30);
+    ExecKernel::start(format!("exec:{kernel}"), cfg).expect("worker starts")
+}
+
+#[test]
+fn served_kernel_matches_in_process_bit_for_bit() {
+    let k = start("cpu:chunked", None, Duration::from_secs(60));
+    let direct = kernel::open("cpu:chunked").unwrap();
+    assert_eq!(k.capabilities(), direct.capabilities());
+    assert_eq!(k.preferred_jobs(), 1);
+    for case in cases() {
+        let mut a = OutputBuffer::for_case(&case);
+        let mut b = OutputBuffer::for_case(&case);
+        let info = k.run(&case, &mut a).unwrap();
+        direct.run(&case, &mut b).unwrap();
+        assert!(info.kernel_time.is_some());
+        let (ra, rb) = (a.raw().0, b.raw().0);
+        assert!(
+            ra.iter().zip(rb).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "outputs differ"
+        );
+        assert!(judge_once(&k, &case).is_clean());
+    }
+}
+
+#[test]
+fn planted_bugs_are_caught_through_the_protocol() {
+    let case = recipe(vec![300, 0, 17, 512], 2, 7).materialize();
+    let k = start("cpu:bug-tail-unwritten", None, Duration::from_secs(60));
+    let v = judge_once(&k, &case);
+    assert!(v.classes.contains_key(&Class::Unwritten), "{v:?}");
+    // A write past the end of a full row lands in the row padding or the trailing
+    // guard: the whole guarded buffer travels, so the oob check still works.
+    let mut r = recipe(vec![300, 0, 17, 290], 2, 7);
+    r.model_len_slack = 0;
+    let case = r.materialize();
+    assert!(judge_once(
+        kernel::open("cpu:bug-store-past-end").unwrap().as_ref(),
+        &case
+    )
+    .classes
+    .contains_key(&Class::OobWrite));
+    let k = start("cpu:bug-store-past-end", None, Duration::from_secs(60));
+    let v = judge_once(&k, &case);
+    assert!(v.classes.contains_key(&Class::OobWrite), "{v:?}");
+}
+
+/// Runs four cases on a worker that misbehaves on the second request it serves;
+/// returns the results. The first and third succeed; the restarted worker counts from
+/// 1 again, so it misbehaves on the fourth.
+fn misbehaving(fault: &str, timeout: Duration) -> Vec<Result<(), RunError>> {
+    let k = start("cpu:chunked", Some(fault), timeout);
+    cases()
+        .iter()
+        .map(|c| {
+            let mut out = OutputBuffer::for_case(c);
+            k.run(c, &mut out).map(|_| ())
+        })
+        .collect()
+}
+
+fn assert_second_crashed(results: &[Result<(), RunError>], want: &[&str]) {
+    assert!(results[0].is_ok(), "{:?}", results[0]);
+    match &results[1] {
+        Err(RunError::Crash(m)) => {
+            for w in want {
+                assert!(m.contains(w), "crash message lacks {w:?}: {m}");
+            }
+        }
+        other => panic!("expected a crash, got {other:?}"),
+    }
+    assert!(
+        results[2].is_ok(),
+        "next case after the crash: {:?}",
+        results[2]
+    );
+    assert!(
+        matches!(results[3], Err(RunError::Crash(_))),
+        "the restarted worker's second request: {:?}",
+        results[3]
+    );
+}
+
+#[test]
+fn dying_worker_is_a_crash_with_its_stderr_and_restarts() {
+    let r = misbehaving("crash-at=2", Duration::from_secs(60));
+    assert_second_crashed(
+        &r,
+        &[
+            "worker exited",
+            "SIGABRT",
+            "fault injection: aborting on request 2",
+        ],
+    );
+}
+
+#[test]
+fn hanging_worker_times_out_and_restarts() {
+    let t0 = Instant::now();
+    let r = misbehaving("hang-at=2", Duration::from_secs(2));
+    assert_second_crashed(&r, &["no answer within 2 s", "fault injection: hanging"]);
+    assert!(t0.elapsed() < Duration::from_secs(30));
+}
+
+#[test]
+fn garbage_on_stdout_is_a_crash() {
+    let r = misbehaving("garbage-at=2", Duration::from_secs(60));
+    assert_second_crashed(&r, &["not a protocol message", "chatter on stdout"]);
+}
+
+#[test]
+fn out_of_order_answer_is_a_crash() {
+    let r = misbehaving("wrong-id-at=2", Duration::from_secs(60));
+    assert_second_crashed(&r, &["out of order"]);
+}
+
+#[test]
+fn crash_mid_campaign_is_judged_as_a_crash_finding() {
+    let k = start("cpu:chunked", Some("crash-at=2"), Duration::from_secs(60));
+    let verdicts: Vec<_> = cases().iter().map(|c| judge_once(&k, c)).collect();
+    assert!(verdicts[0].is_clean());
+    assert_eq!(verdicts[1].finding_classes(), vec![Class::Crash]);
+    assert!(verdicts[2].is_clean());
+    assert_eq!(verdicts[3].finding_classes(), vec![Class::Crash]);
+}
+
+#[test]
+fn version_skew_is_an_environment_error() {
+    let mut cfg = ExecConfig::new(worker_cmd("cpu:chunked", Some("skew")));
+    cfg.handshake_timeout = Duration::from_secs(30);
+    match ExecKernel::start("skew", cfg) {
+        Err(RunError::Environment(m)) => assert!(
+            m.contains("protocol 2") && m.contains("speaks protocol 1"),
+            "{m}"
+        ),
+        Err(e) => panic!("expected an environment error, got {e:?}"),
+        Ok(_) => panic!("a worker of protocol 2 was accepted"),
+    }
+    // Through the registry and the command line: exit 3 with the reason.
+    let name = format!("exec:{}", worker_cmd("cpu:chunked", Some("skew")));
+    assert!(matches!(
+        kernel::open(&name),
+        Err(kernel::OpenError::Unavailable { .. })
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("c.json");
+    let cf = mqa_fuzz::case::CaseFile {
+        provenance: Default::default(),
+        expected: Default::default(),
+        case: cases().remove(0),
+    };
+    mqa_fuzz::case::save_case_file(&file, &cf).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_mqa-fuzz"))
+        .args(["replay", "--kernel", &name])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("protocol 2"));
+}
+
+#[test]
+fn missing_command_and_unknown_kernel_are_reported() {
+    let cfg = ExecConfig {
+        handshake_timeout: Duration::from_secs(10),
+        ..ExecConfig::new("exit 7")
+    };
+    match ExecKernel::start("x", cfg) {
+        Err(RunError::Environment(m)) => assert!(
+            m.contains("exited before its hello") && m.contains("exit status 7"),
+            "{m}"
+        ),
+        other => panic!("{:?}", other.err()),
+    }
+    let cfg = ExecConfig::new(worker_cmd("cpu:no-such-kernel", None));
+    match ExecKernel::start("x", cfg) {
+        Err(RunError::Environment(m)) => assert!(m.contains("unknown kernel"), "{m}"),
+        other => panic!("{:?}", other.err()),
+    }
+    assert!(matches!(
+        kernel::open("exec:  "),
+        Err(kernel::OpenError::Invalid { .. })
+    ));
+}
+
+#[test]
+fn pool_runs_cases_concurrently_one_worker_each() {
+    let mut cfg = ExecConfig::new(worker_cmd("cpu:chunked", None));
+    cfg.worker_envs = vec![device_env("0"), device_env("1")];
+    let k = ExecKernel::start("pool", cfg).unwrap();
+    assert_eq!(k.preferred_jobs(), 2);
+    let devices: Vec<&str> = k.hellos().iter().map(|h| h.device.as_str()).collect();
+    assert_eq!(devices, ["cpu (device 0)", "cpu (device 1)"]);
+    let cs = cases();
+    std::thread::scope(|s| {
+        let handles: Vec<_> = cs.iter().map(|c| s.spawn(|| judge_once(&k, c))).collect();
+        for h in handles {
+            assert!(h.join().unwrap().is_clean());
+        }
+    });
+}
