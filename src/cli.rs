@@ -81,6 +81,30 @@ pub enum Command {
         #[arg(long)]
         fault: Option<String>,
     },
+    /// Re-render a report directory (junit.xml, summary.md, index.html, pictures) from its report.json.
+    Report {
+        /// Report directory (or its report.json).
+        dir: PathBuf,
+    },
+    /// Fold shard reports into one (counts add, findings deduplicate by signature).
+    Merge {
+        /// Shard report directories (or their report.json files).
+        #[arg(required = true)]
+        dirs: Vec<PathBuf>,
+        /// Directory to write the merged report into.
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Compare two reports: new, fixed and unchanged findings. Exit 1 on new findings.
+    Diff {
+        /// The baseline report directory (or report.json).
+        base: PathBuf,
+        /// The candidate report directory (or report.json).
+        cand: PathBuf,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// Runs the parsed command; returns the exit code.
@@ -112,6 +136,9 @@ pub fn dispatch(cli: Cli) -> Result<i32, Fatal> {
             json,
         } => cmd_replay(&files, kernel.as_deref(), topk, json),
         Command::Worker { kernel, fault } => cmd_worker(&kernel, fault.as_deref()),
+        Command::Report { dir } => crate::report::cli::cmd_report(&dir),
+        Command::Merge { dirs, out } => crate::report::cli::cmd_merge(&dirs, &out),
+        Command::Diff { base, cand, json } => crate::report::cli::cmd_diff(&base, &cand, json),
     }
 }
 
@@ -353,19 +380,11 @@ pub fn parse_shard(s: &str) -> Result<Shard, String> {
     Ok(Shard { index, count })
 }
 
-/// Shard from a Slurm job array or a Kubernetes indexed Job, when present.
+/// Shard from a Slurm job array or a Kubernetes indexed Job, when present (see
+/// [`crate::report::shard_from_env`]: Slurm arrays not starting at 0 or with a step,
+/// and an index without its count, are handled there).
 pub fn shard_from_env() -> Result<Option<Shard>, Fatal> {
-    for (iv, nv) in [
-        ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT"),
-        ("JOB_COMPLETION_INDEX", "JOB_COMPLETIONS"),
-    ] {
-        if let (Ok(i), Ok(n)) = (std::env::var(iv), std::env::var(nv)) {
-            return parse_shard(&format!("{i}/{n}"))
-                .map(Some)
-                .map_err(|e| Fatal::usage(format!("environment {iv}/{nv}: {e}")));
-        }
-    }
-    Ok(None)
+    crate::report::shard_from_env()
 }
 
 fn cmd_run(args: RunArgs) -> Result<i32, Fatal> {

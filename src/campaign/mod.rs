@@ -653,6 +653,9 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
     report.finished_unix = crate::util::unix_now();
     timings.wall_secs = started.elapsed().as_secs_f64();
     report.timings = timings;
+    for note in report::picture::fill_pictures(&mut report, &cfg.oracle) {
+        progress.println(&note);
+    }
     report::write_all(&cfg.report_dir, &report).map_err(|e| {
         Fatal::usage(format!(
             "{}: cannot write the report: {e}",

@@ -1,19 +1,27 @@
-//! The campaign report model (`report.json`). Provisional copy of the agreed schema;
-//! the report module owns and documents it.
+//! The report model: what a campaign found, in a form that is stable on disk
+//! (`report.json`, schema documented in `reports/README.md`), foldable across shards
+//! and comparable across releases.
+//!
+//! Every float that can legitimately be non-finite (an error ratio of a NaN element is
+//! infinite) goes through [`json_f64`]: plain serde_json would write `null`, which it
+//! then refuses to read back as a number, so a report with a NaN finding would not load.
 
 use crate::oracle::{Class, Verdict};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
+/// Bumped on any change that an older reader would misread. `load` refuses newer ones.
 pub const REPORT_VERSION: u32 = 1;
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
 pub struct Report {
     pub report_version: u32,
     pub tool_version: String,
     pub run_id: String,
     pub started_unix: u64,
     pub finished_unix: u64,
+    /// Stopped early (Ctrl-C, SIGTERM): the counts cover what ran.
     pub interrupted: bool,
     pub environment: Environment,
     pub kernels: Vec<KernelInfo>,
@@ -27,9 +35,13 @@ pub struct Report {
     pub findings: Vec<Finding>,
     pub coverage: Coverage,
     pub timings: Timings,
+    /// For a merged report: the shards folded into it, and the run ids they came from.
+    pub merged_shards: Vec<Shard>,
+    pub merged_runs: Vec<String>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
 pub struct Environment {
     pub hostname: String,
     pub os: String,
@@ -39,6 +51,7 @@ pub struct Environment {
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
 pub struct KernelInfo {
     pub name: String,
     pub version: String,
@@ -46,73 +59,121 @@ pub struct KernelInfo {
     pub capabilities: serde_json::Value,
 }
 
-#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+/// Shard `index` of `count` (0-based): the seeds a campaign runs are partitioned so that
+/// shards never overlap.
+#[derive(
+    Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord, Hash,
+)]
 pub struct Shard {
     pub index: u32,
     pub count: u32,
 }
 
+impl std::fmt::Display for Shard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.index, self.count)
+    }
+}
+
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
 pub struct Counts {
+    /// Corpus cases replayed before generation.
     pub cases_replayed: u64,
     pub cases_generated: u64,
+    /// Cases no kernel could run (outside every kernel's capabilities).
     pub cases_skipped: u64,
     pub skip_reasons: BTreeMap<String, u64>,
 }
 
+/// What one kernel did over the campaign.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
 pub struct KernelStats {
+    /// Cases run (replayed or generated), skipped ones excluded.
     pub cases: u64,
     pub clean: u64,
     pub with_findings: u64,
     pub skipped: u64,
+    /// Per class: the verdicts' counts summed (elements for value classes, 1 per case
+    /// for case-level classes).
     pub class_totals: BTreeMap<Class, u64>,
     pub rows_checked: u64,
+    /// Elements of V(r) compared with the reference.
     pub logits_checked: u64,
     pub guard: GuardSummary,
     pub kernel_secs: f64,
+    /// Largest `|err| / bound` seen (infinite when an element was NaN or ±inf).
+    #[serde(with = "json_f64")]
     pub max_err_over_bound: f64,
 }
 
+/// The guard question over a campaign: would `nan_to_num_(-inf)` after the kernel have
+/// changed anything in V(r)?
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
 pub struct GuardSummary {
+    /// Cases whose output was judged (crashed and skipped cases excluded).
     pub cases: u64,
+    /// Of those, cases where the guard would have changed nothing.
     pub redundant_cases: u64,
+    /// Rows where the guard would have changed at least one element.
     pub rows_affected: u64,
+    /// Elements of V(r) the guard would have changed, by class.
     pub nan: u64,
     pub pos_inf: u64,
     pub neg_inf: u64,
 }
 
+/// One distinct failure (by `signature`), with the smallest case that shows it.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
 pub struct Finding {
+    /// Stable identity across runs and releases (what `diff` and `merge` key on).
     pub signature: String,
     pub kernel: String,
     pub profile: String,
+    /// The primary class (for titles and sorting); an `Option` only so that the struct
+    /// has a `Default` — the campaign always sets it.
     pub class: Option<Class>,
+    /// All classes of the case with their element counts.
     pub classes: BTreeMap<Class, u64>,
+    /// The saved corpus file, relative to the working directory of the run.
     pub case_file: Option<String>,
     pub replay_command: String,
     pub seed: Option<u64>,
     pub shrunk: bool,
+    /// Rows of the case (`batch * next_n`).
     pub rows: usize,
+    /// Tokens of the case (sum of the sequences' lengths).
     pub tokens: u64,
+    /// How many cases of the campaign produced this signature.
     pub occurrences: u64,
+    #[serde(with = "verdict_json")]
     pub verdict: Verdict,
     pub picture: Option<ClassMap>,
+    /// Counts of `|err| / bound` per bin, see [`crate::report::picture::HISTOGRAM_BINS`].
     pub error_histogram: Vec<u64>,
 }
 
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
-pub struct ClassMap {}
+impl Finding {
+    /// The primary class's name ("unknown" when the campaign did not set one).
+    pub fn class_name(&self) -> &'static str {
+        self.class.map(Class::name).unwrap_or("unknown")
+    }
+}
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
 pub struct Coverage {
+    /// Axis name → value → cases (e.g. `block_size` → `64` → 12).
     pub axes: BTreeMap<String, BTreeMap<String, u64>>,
+    /// Combinations of axis values (joined by the campaign) → cases.
     pub combos: BTreeMap<String, u64>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
 pub struct Timings {
     pub wall_secs: f64,
     pub generate_secs: f64,
@@ -120,4 +181,271 @@ pub struct Timings {
     pub reference_secs: f64,
     pub oracle_secs: f64,
     pub shrink_secs: f64,
+}
+
+/// A picture of a case: rows × positions, each cell the worst class of the elements
+/// it covers, zoomed to the rows and positions where findings are.
+///
+/// Cells are stored as one string per shown row, one character per cell (see
+/// [`CellClass::code`]), so the JSON stays small and is readable by eye.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct ClassMap {
+    /// Rows (`batch * next_n`) and columns (`max_model_len`) of the whole case.
+    pub rows: usize,
+    pub cols: usize,
+    /// The window shown: rows `[row_start, row_end)`, positions `[col_start, col_end)`.
+    pub row_start: usize,
+    pub row_end: usize,
+    pub col_start: usize,
+    pub col_end: usize,
+    /// Rows and positions covered by one cell (1 = no aggregation).
+    pub rows_per_cell: usize,
+    pub cols_per_cell: usize,
+    /// One string per shown cell row; one [`CellClass::code`] per cell.
+    pub cells: Vec<String>,
+    /// Elements of the whole case per cell class name (not only the window).
+    pub counts: BTreeMap<String, u64>,
+    /// Whether the window is the whole case (no findings located in V(r)).
+    pub whole_case: bool,
+}
+
+/// The class of one picture cell, in increasing order of severity: a cell covering
+/// several elements shows the most severe one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum CellClass {
+    /// Outside V(r): not read downstream, not judged.
+    Outside,
+    /// Inside V(r) but no reference was computed for the row.
+    Unchecked,
+    Ok,
+    /// The reference itself is not finite (hostile inputs): reported, not judged.
+    Undefined,
+    Mismatch,
+    NegInf,
+    PosInf,
+    Nan,
+    /// The launch-time poison survived: never written.
+    Unwritten,
+}
+
+impl CellClass {
+    pub const ALL: [CellClass; 9] = [
+        CellClass::Outside,
+        CellClass::Unchecked,
+        CellClass::Ok,
+        CellClass::Undefined,
+        CellClass::Mismatch,
+        CellClass::NegInf,
+        CellClass::PosInf,
+        CellClass::Nan,
+        CellClass::Unwritten,
+    ];
+
+    pub fn code(self) -> char {
+        match self {
+            CellClass::Outside => '.',
+            CellClass::Unchecked => '?',
+            CellClass::Ok => 'o',
+            CellClass::Undefined => 'h',
+            CellClass::Mismatch => 'm',
+            CellClass::NegInf => '-',
+            CellClass::PosInf => '+',
+            CellClass::Nan => 'n',
+            CellClass::Unwritten => 'u',
+        }
+    }
+
+    pub fn from_code(c: char) -> Option<CellClass> {
+        CellClass::ALL.into_iter().find(|k| k.code() == c)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            CellClass::Outside => "outside",
+            CellClass::Unchecked => "unchecked",
+            CellClass::Ok => "ok",
+            CellClass::Undefined => "undefined",
+            CellClass::Mismatch => "mismatch",
+            CellClass::NegInf => "neg_inf",
+            CellClass::PosInf => "pos_inf",
+            CellClass::Nan => "nan",
+            CellClass::Unwritten => "unwritten",
+        }
+    }
+
+    /// Legend text.
+    pub fn label(self) -> &'static str {
+        match self {
+            CellClass::Outside => "outside V(r)",
+            CellClass::Unchecked => "in V(r), not checked",
+            CellClass::Ok => "ok (within bound)",
+            CellClass::Undefined => "reference undefined (hostile input)",
+            CellClass::Mismatch => "mismatch (outside bound)",
+            CellClass::NegInf => "-inf",
+            CellClass::PosInf => "+inf",
+            CellClass::Nan => "NaN (computed)",
+            CellClass::Unwritten => "unwritten (poison survived)",
+        }
+    }
+
+    /// Distinct colours (ColorBrewer-like, readable on white); RGB.
+    pub fn rgb(self) -> (u8, u8, u8) {
+        match self {
+            CellClass::Outside => (0xe8, 0xe8, 0xe8),
+            CellClass::Unchecked => (0xff, 0xff, 0xbf),
+            CellClass::Ok => (0xa6, 0xd9, 0x6a),
+            CellClass::Undefined => (0xbf, 0xa5, 0xcf),
+            CellClass::Mismatch => (0xfd, 0xae, 0x61),
+            CellClass::NegInf => (0x2c, 0x7b, 0xb6),
+            CellClass::PosInf => (0x7b, 0x32, 0x94),
+            CellClass::Nan => (0xd7, 0x19, 0x1c),
+            CellClass::Unwritten => (0xe7, 0x29, 0x8a),
+        }
+    }
+
+    pub fn hex(self) -> String {
+        let (r, g, b) = self.rgb();
+        format!("#{r:02x}{g:02x}{b:02x}")
+    }
+}
+
+/// What changed between two reports, by finding signature.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct ReportDiff {
+    /// In the candidate, not in the base: regressions.
+    pub new: Vec<Finding>,
+    /// In the base, not in the candidate.
+    pub fixed: Vec<Finding>,
+    /// In both (the candidate's copy).
+    pub unchanged: Vec<Finding>,
+}
+
+/// Non-finite f64 as the strings `"inf"`, `"-inf"`, `"nan"`; numbers otherwise. Reads
+/// numbers, those strings, and `null` (what older writers produced) as NaN.
+pub mod json_f64 {
+    use serde::{de::Error, Deserialize, Deserializer, Serializer};
+
+    pub fn to_json(x: f64) -> serde_json::Value {
+        if x.is_finite() {
+            serde_json::json!(x)
+        } else if x.is_nan() {
+            "nan".into()
+        } else if x > 0.0 {
+            "inf".into()
+        } else {
+            "-inf".into()
+        }
+    }
+
+    pub fn from_json(v: &serde_json::Value) -> Result<f64, String> {
+        match v {
+            serde_json::Value::Number(n) => n.as_f64().ok_or_else(|| format!("{n} is not a float")),
+            serde_json::Value::Null => Ok(f64::NAN),
+            serde_json::Value::String(s) => match s.as_str() {
+                "inf" | "+inf" | "infinity" => Ok(f64::INFINITY),
+                "-inf" | "-infinity" => Ok(f64::NEG_INFINITY),
+                "nan" | "NaN" => Ok(f64::NAN),
+                other => Err(format!(
+                    "expected a number, \"inf\", \"-inf\" or \"nan\", found {other:?}"
+                )),
+            },
+            other => Err(format!("expected a number, found {other}")),
+        }
+    }
+
+    pub fn serialize<S: Serializer>(x: &f64, s: S) -> Result<S::Ok, S::Error> {
+        if x.is_finite() {
+            s.serialize_f64(*x)
+        } else {
+            s.serialize_str(to_json(*x).as_str().unwrap_or("nan"))
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+        let v = serde_json::Value::deserialize(d)?;
+        from_json(&v).map_err(D::Error::custom)
+    }
+}
+
+/// The oracle's `Verdict` with its non-finite floats preserved (see [`json_f64`]): the
+/// metrics and the offenders' `expected`/`bound` are patched after serde_json has
+/// turned them into `null`, and restored on the way back in.
+pub mod verdict_json {
+    use super::json_f64::{from_json, to_json};
+    use crate::oracle::Verdict;
+    use serde::{de::Error, ser::Error as _, Deserialize, Deserializer, Serialize, Serializer};
+    use serde_json::Value;
+
+    const METRICS: [&str; 3] = ["max_abs_err", "max_err_over_bound", "calc_diff"];
+    const OFFENDER: [&str; 2] = ["expected", "bound"];
+
+    fn metric(v: &Verdict, name: &str) -> f64 {
+        match name {
+            "max_abs_err" => v.metrics.max_abs_err,
+            "max_err_over_bound" => v.metrics.max_err_over_bound,
+            _ => v.metrics.calc_diff,
+        }
+    }
+
+    pub fn serialize<S: Serializer>(v: &Verdict, s: S) -> Result<S::Ok, S::Error> {
+        let mut val = serde_json::to_value(v).map_err(S::Error::custom)?;
+        for name in METRICS {
+            val["metrics"][name] = to_json(metric(v, name));
+        }
+        for (i, ex) in v.examples.iter().enumerate() {
+            for (name, x) in OFFENDER.iter().zip([ex.expected, ex.bound]) {
+                if let Some(x) = x.filter(|x| !x.is_finite()) {
+                    val["examples"][i][*name] = to_json(x);
+                }
+            }
+        }
+        val.serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Verdict, D::Error> {
+        let mut val = Value::deserialize(d)?;
+        let mut metrics = Vec::new();
+        if let Some(m) = val.get_mut("metrics").and_then(Value::as_object_mut) {
+            for name in METRICS {
+                if let Some(x) = m.get_mut(name) {
+                    let f = from_json(x)
+                        .map_err(|e| D::Error::custom(format!("metrics.{name}: {e}")))?;
+                    *x = Value::from(0.0);
+                    metrics.push((name, f));
+                }
+            }
+        }
+        let mut offenders = Vec::new();
+        if let Some(list) = val.get_mut("examples").and_then(Value::as_array_mut) {
+            for (i, ex) in list.iter_mut().enumerate() {
+                for name in OFFENDER {
+                    if let Some(x) = ex.get_mut(name).filter(|x| x.is_string()) {
+                        let f = from_json(x)
+                            .map_err(|e| D::Error::custom(format!("examples[{i}].{name}: {e}")))?;
+                        *x = Value::Null;
+                        offenders.push((i, name, f));
+                    }
+                }
+            }
+        }
+        let mut v: Verdict = serde_path_to_error::deserialize(val)
+            .map_err(|e| D::Error::custom(format!("{}: {}", e.path(), e.inner())))?;
+        for (name, f) in metrics {
+            match name {
+                "max_abs_err" => v.metrics.max_abs_err = f,
+                "max_err_over_bound" => v.metrics.max_err_over_bound = f,
+                _ => v.metrics.calc_diff = f,
+            }
+        }
+        for (i, name, f) in offenders {
+            let ex = &mut v.examples[i];
+            if name == "expected" {
+                ex.expected = Some(f);
+            } else {
+                ex.bound = Some(f);
+            }
+        }
+        Ok(v)
+    }
 }

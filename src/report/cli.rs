@@ -1,0 +1,90 @@
+//! The report subcommands (`report`, `merge`, `diff`); parsing lives in `crate::cli`.
+
+use super::{diff, diff_text, headline, load, merge, missing_shards, report_path, write_all};
+use crate::error::{exit, Fatal};
+use std::path::{Path, PathBuf};
+
+fn write(dir: &Path, report: &super::Report) -> Result<(), Fatal> {
+    write_all(dir, report)
+        .map_err(|e| Fatal::environment(format!("{}: cannot write the report: {e}", dir.display())))
+}
+
+/// `mqa-fuzz report DIR`: re-renders every file from `DIR/report.json`. Exit code as a
+/// campaign's: 1 when the report holds findings.
+pub fn cmd_report(dir: &Path) -> Result<i32, Fatal> {
+    let report = load(dir)?;
+    let out = if dir.is_file() {
+        dir.parent().unwrap_or(Path::new(".")).to_path_buf()
+    } else {
+        dir.to_path_buf()
+    };
+    write(&out, &report)?;
+    println!("{}", headline(&report));
+    println!("wrote {}", out.display());
+    Ok(if report.findings.is_empty() {
+        exit::CLEAN
+    } else {
+        exit::FINDINGS
+    })
+}
+
+/// `mqa-fuzz merge DIR... --out DIR`.
+pub fn cmd_merge(dirs: &[PathBuf], out: &Path) -> Result<i32, Fatal> {
+    let reports = dirs
+        .iter()
+        .map(|d| load(d))
+        .collect::<Result<Vec<_>, _>>()?;
+    let merged = merge(&reports);
+    if report_path(out) == report_path(&dirs[0]) && dirs.len() > 1 {
+        eprintln!("mqa-fuzz: note: --out is the first input; it is overwritten with the merge");
+    }
+    write(out, &merged)?;
+    let missing = missing_shards(&merged);
+    if !missing.is_empty() {
+        eprintln!(
+            "mqa-fuzz: warning: shards missing from the merge: {}",
+            missing
+                .iter()
+                .map(|s| s.to_string())
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
+    }
+    println!("{}", headline(&merged));
+    println!(
+        "merged {} report(s), {} distinct finding(s) into {}",
+        reports.len(),
+        merged.findings.len(),
+        out.display()
+    );
+    Ok(if merged.findings.is_empty() {
+        exit::CLEAN
+    } else {
+        exit::FINDINGS
+    })
+}
+
+/// `mqa-fuzz diff BASE CAND`: exit 1 when the candidate has findings the base has not.
+pub fn cmd_diff(base: &Path, cand: &Path, json: bool) -> Result<i32, Fatal> {
+    let b = load(base)?;
+    let c = load(cand)?;
+    let d = diff(&b, &c);
+    if json {
+        let summary: serde_json::Value = serde_json::json!({
+            "new": d.new.iter().map(|f| &f.signature).collect::<Vec<_>>(),
+            "fixed": d.fixed.iter().map(|f| &f.signature).collect::<Vec<_>>(),
+            "unchanged": d.unchanged.iter().map(|f| &f.signature).collect::<Vec<_>>(),
+        });
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&summary).unwrap_or_default()
+        );
+    } else {
+        print!("{}", diff_text(&d));
+    }
+    Ok(if d.new.is_empty() {
+        exit::CLEAN
+    } else {
+        exit::FINDINGS
+    })
+}

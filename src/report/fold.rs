@@ -1,0 +1,219 @@
+//! Folding reports: shards of one campaign into one (`merge`), and two campaigns into
+//! what changed between them (`diff`), both keyed on finding signatures.
+
+use super::model::*;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+fn add_map<K: Ord + Clone>(into: &mut BTreeMap<K, u64>, from: &BTreeMap<K, u64>) {
+    for (k, v) in from {
+        *into.entry(k.clone()).or_default() += v;
+    }
+}
+
+fn add_stats(into: &mut KernelStats, k: &KernelStats) {
+    into.cases += k.cases;
+    into.clean += k.clean;
+    into.with_findings += k.with_findings;
+    into.skipped += k.skipped;
+    add_map(&mut into.class_totals, &k.class_totals);
+    into.rows_checked += k.rows_checked;
+    into.logits_checked += k.logits_checked;
+    let (g, h) = (&mut into.guard, &k.guard);
+    g.cases += h.cases;
+    g.redundant_cases += h.redundant_cases;
+    g.rows_affected += h.rows_affected;
+    g.nan += h.nan;
+    g.pos_inf += h.pos_inf;
+    g.neg_inf += h.neg_inf;
+    into.kernel_secs += k.kernel_secs;
+    // f64::max ignores NaN; an infinite ratio (NaN element) must win.
+    if k.max_err_over_bound > into.max_err_over_bound || k.max_err_over_bound.is_nan() {
+        into.max_err_over_bound = k.max_err_over_bound;
+    }
+}
+
+/// The copy of a finding that is easiest to debug: shrunk first, then the smallest case.
+fn better(a: &Finding, b: &Finding) -> bool {
+    (!a.shrunk, a.tokens, a.rows) < (!b.shrunk, b.tokens, b.rows)
+}
+
+fn join_distinct<'a>(items: impl Iterator<Item = &'a str>) -> String {
+    let mut seen = Vec::new();
+    for s in items.filter(|s| !s.is_empty()) {
+        if !seen.contains(&s) {
+            seen.push(s);
+        }
+    }
+    seen.join(",")
+}
+
+/// Folds shard reports into one: counts, per-kernel statistics (guard summaries
+/// included), coverage and timings add; findings deduplicate by signature with their
+/// occurrences summed, keeping the smallest (shrunk) reproduction.
+///
+/// Not sums: `wall_secs` is the longest shard's (shards run side by side),
+/// `max_err_over_bound` and `budget_secs` the largest, `started_unix` the earliest and
+/// `finished_unix` the latest; `interrupted` if any shard was. `merged_shards` lists the
+/// shards folded in, so a missing shard shows (see [`missing_shards`]).
+pub fn merge(reports: &[Report]) -> Report {
+    let mut m = Report {
+        report_version: REPORT_VERSION,
+        ..Default::default()
+    };
+    let Some(first) = reports.first() else {
+        return m;
+    };
+    m.tool_version = join_distinct(reports.iter().map(|r| r.tool_version.as_str()));
+    m.profile = join_distinct(reports.iter().map(|r| r.profile.as_str()));
+    m.seed = first.seed;
+    m.environment = first.environment.clone();
+    m.environment.hostname = join_distinct(reports.iter().map(|r| r.environment.hostname.as_str()));
+    m.environment.gpus = reports
+        .iter()
+        .flat_map(|r| r.environment.gpus.iter().cloned())
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    m.started_unix = reports
+        .iter()
+        .map(|r| r.started_unix)
+        .filter(|&t| t > 0)
+        .min()
+        .unwrap_or(0);
+    m.finished_unix = reports.iter().map(|r| r.finished_unix).max().unwrap_or(0);
+    m.interrupted = reports.iter().any(|r| r.interrupted);
+    m.budget_secs = reports
+        .iter()
+        .filter_map(|r| r.budget_secs)
+        .reduce(f64::max);
+    m.max_cases = reports
+        .iter()
+        .filter_map(|r| r.max_cases)
+        .reduce(|a, b| a + b);
+    let mut shards = BTreeSet::new();
+    let mut runs = Vec::new();
+    for r in reports {
+        shards.extend(r.shard);
+        shards.extend(r.merged_shards.iter().copied());
+        if r.merged_runs.is_empty() {
+            runs.push(r.run_id.clone());
+        } else {
+            runs.extend(r.merged_runs.iter().cloned());
+        }
+        for k in &r.kernels {
+            if !m.kernels.iter().any(|x| x.name == k.name) {
+                m.kernels.push(k.clone());
+            }
+        }
+        m.counts.cases_replayed += r.counts.cases_replayed;
+        m.counts.cases_generated += r.counts.cases_generated;
+        m.counts.cases_skipped += r.counts.cases_skipped;
+        add_map(&mut m.counts.skip_reasons, &r.counts.skip_reasons);
+        for (name, k) in &r.per_kernel {
+            add_stats(m.per_kernel.entry(name.clone()).or_default(), k);
+        }
+        for (axis, values) in &r.coverage.axes {
+            add_map(m.coverage.axes.entry(axis.clone()).or_default(), values);
+        }
+        add_map(&mut m.coverage.combos, &r.coverage.combos);
+        let (t, u) = (&mut m.timings, &r.timings);
+        t.wall_secs = t.wall_secs.max(u.wall_secs);
+        t.generate_secs += u.generate_secs;
+        t.kernel_secs += u.kernel_secs;
+        t.reference_secs += u.reference_secs;
+        t.oracle_secs += u.oracle_secs;
+        t.shrink_secs += u.shrink_secs;
+    }
+    let mut index: HashMap<String, usize> = HashMap::new();
+    for f in reports.iter().flat_map(|r| &r.findings) {
+        match index.get(&f.signature) {
+            Some(&i) => {
+                let kept = &mut m.findings[i];
+                let occurrences = kept.occurrences + f.occurrences;
+                if better(f, kept) {
+                    *kept = f.clone();
+                }
+                kept.occurrences = occurrences;
+            }
+            None => {
+                index.insert(f.signature.clone(), m.findings.len());
+                m.findings.push(f.clone());
+            }
+        }
+    }
+    m.merged_shards = shards.into_iter().collect();
+    m.run_id = if runs.len() == 1 {
+        runs[0].clone()
+    } else {
+        format!(
+            "merge-of-{}-runs-{}",
+            runs.len(),
+            runs.first().cloned().unwrap_or_default()
+        )
+    };
+    m.merged_runs = runs;
+    m
+}
+
+/// Shards of the campaign not folded into a merged report (empty when complete, or when
+/// the report was not sharded).
+pub fn missing_shards(r: &Report) -> Vec<Shard> {
+    let Some(count) = r.merged_shards.iter().map(|s| s.count).max() else {
+        return Vec::new();
+    };
+    (0..count)
+        .map(|index| Shard { index, count })
+        .filter(|s| !r.merged_shards.contains(s))
+        .collect()
+}
+
+/// New (in `cand` only), fixed (in `base` only) and unchanged findings, by signature.
+pub fn diff(base: &Report, cand: &Report) -> ReportDiff {
+    let base_sigs: BTreeSet<&str> = base.findings.iter().map(|f| f.signature.as_str()).collect();
+    let cand_sigs: BTreeSet<&str> = cand.findings.iter().map(|f| f.signature.as_str()).collect();
+    let mut d = ReportDiff::default();
+    for f in &cand.findings {
+        if base_sigs.contains(f.signature.as_str()) {
+            d.unchanged.push(f.clone());
+        } else {
+            d.new.push(f.clone());
+        }
+    }
+    d.fixed = base
+        .findings
+        .iter()
+        .filter(|f| !cand_sigs.contains(f.signature.as_str()))
+        .cloned()
+        .collect();
+    d
+}
+
+/// `diff` as text for the terminal: one line per finding, grouped.
+pub fn diff_text(d: &ReportDiff) -> String {
+    let mut s = format!(
+        "{} new, {} fixed, {} unchanged finding(s)\n",
+        d.new.len(),
+        d.fixed.len(),
+        d.unchanged.len()
+    );
+    for (label, list) in [
+        ("NEW", &d.new),
+        ("FIXED", &d.fixed),
+        ("unchanged", &d.unchanged),
+    ] {
+        for f in list {
+            s.push_str(&format!(
+                "{label:9}  {}  {}  {}  x{}",
+                f.signature,
+                f.kernel,
+                f.class_name(),
+                f.occurrences
+            ));
+            if label == "NEW" && !f.replay_command.is_empty() {
+                s.push_str(&format!("  replay: {}", f.replay_command));
+            }
+            s.push('\n');
+        }
+    }
+    s
+}

@@ -1,0 +1,155 @@
+//! The one-line verdict per kernel: the question users ask ("can we drop the
+//! `nan_to_num_(-inf)` guard after this kernel?") answered with the evidence behind it.
+
+use super::model::{KernelStats, Report};
+
+/// Thousands separators, so that 1234567 logits read at a glance.
+pub fn group(n: u64) -> String {
+    let s = n.to_string();
+    let mut o = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            o.push(',');
+        }
+        o.push(c);
+    }
+    o
+}
+
+fn plural(n: u64, one: &str, many: &str) -> String {
+    format!("{} {}", group(n), if n == 1 { one } else { many })
+}
+
+/// The verdict of one kernel, e.g.
+/// `cpu:chunked: guard redundant on 120/120 cases (3,400 rows, 1,234,567 logits checked
+/// in the valid range); 95% upper bound on the per-case failure rate 3/120 = 2.5%`.
+///
+/// "3/n" is the rule of three: with 0 failures in n independent cases, the per-case
+/// failure probability is below 3/n with 95% confidence (exactly `1 - 0.05^(1/n)`).
+pub fn kernel_headline(name: &str, k: &KernelStats) -> String {
+    let g = &k.guard;
+    let mut s = format!("{name}: ");
+    if g.cases == 0 {
+        s.push_str(&format!(
+            "no case judged ({} skipped",
+            plural(k.skipped, "case", "cases")
+        ));
+        if k.cases > 0 {
+            s.push_str(&format!(
+                ", {} crashed or unjudged",
+                plural(k.cases, "case", "cases")
+            ));
+        }
+        s.push(')');
+    } else if g.redundant_cases == g.cases {
+        s.push_str(&format!(
+            "guard redundant on {}/{} cases ({}, {} checked in the valid range); 95% upper bound on the per-case failure rate 3/{} = {}",
+            group(g.redundant_cases),
+            group(g.cases),
+            plural(k.rows_checked, "row", "rows"),
+            plural(k.logits_checked, "logit", "logits"),
+            g.cases,
+            percent(3.0 / g.cases as f64)
+        ));
+    } else if g.nan + g.pos_inf + g.neg_inf == 0 {
+        // Cases counted as not redundant without a single NaN/inf element: they had no
+        // output to judge (a crash counted by the campaign). Say so instead of "NEEDED".
+        s.push_str(&format!(
+            "guard redundant on {}/{} cases; the other {} had no output to judge (crash)",
+            group(g.redundant_cases),
+            group(g.cases),
+            plural(g.cases - g.redundant_cases, "case", "cases")
+        ));
+    } else {
+        let bad = g.cases - g.redundant_cases;
+        s.push_str(&format!(
+            "guard NEEDED on {}/{} cases: it changes {} in {} (nan {}, +inf {}, -inf {}) of {} checked",
+            group(bad),
+            group(g.cases),
+            plural(g.nan + g.pos_inf + g.neg_inf, "element", "elements"),
+            plural(g.rows_affected, "row", "rows"),
+            group(g.nan),
+            group(g.pos_inf),
+            group(g.neg_inf),
+            plural(k.logits_checked, "logit", "logits"),
+        ));
+    }
+    if k.with_findings > 0 {
+        let classes: Vec<String> = k
+            .class_totals
+            .iter()
+            .map(|(c, n)| format!("{c} {}", group(*n)))
+            .collect();
+        s.push_str(&format!(
+            "; findings in {} ({})",
+            plural(k.with_findings, "case", "cases"),
+            classes.join(", ")
+        ));
+    }
+    s
+}
+
+fn percent(x: f64) -> String {
+    let p = 100.0 * x.min(1.0);
+    if p >= 1.0 {
+        format!("{p:.1}%")
+    } else {
+        format!("{p:.2}%")
+    }
+}
+
+/// One line per kernel (a single line for a single-kernel campaign).
+pub fn headline(report: &Report) -> String {
+    if report.per_kernel.is_empty() {
+        return "no kernel ran".to_string();
+    }
+    let mut lines: Vec<String> = report
+        .per_kernel
+        .iter()
+        .map(|(n, k)| kernel_headline(n, k))
+        .collect();
+    if report.interrupted {
+        if let Some(first) = lines.first_mut() {
+            first.insert_str(0, "(interrupted) ");
+        }
+    }
+    lines.join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::GuardSummary;
+
+    #[test]
+    fn crashes_are_not_called_guard_needed() {
+        let k = KernelStats {
+            cases: 5,
+            guard: GuardSummary {
+                cases: 5,
+                redundant_cases: 4,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let h = kernel_headline("k", &k);
+        assert!(
+            h.contains("4/5 cases; the other 1 case had no output"),
+            "{h}"
+        );
+        let k = KernelStats {
+            guard: GuardSummary {
+                cases: 5,
+                redundant_cases: 4,
+                pos_inf: 2,
+                rows_affected: 1,
+                ..Default::default()
+            },
+            ..k
+        };
+        assert!(kernel_headline("k", &k).starts_with(
+            "k: guard NEEDED on 1/5 cases: it changes 2 elements in 1 row (nan 0, +inf 2, -inf 0)"
+        ));
+        assert_eq!(group(1234567), "1,234,567");
+    }
+}

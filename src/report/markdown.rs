@@ -1,0 +1,114 @@
+//! `summary.md`: the one-screen verdict (CI job summaries, PR comments).
+
+use super::fold::missing_shards;
+use super::headline::{group, headline};
+use super::model::Report;
+use std::fmt::Write;
+
+/// Findings listed by name; the rest are counted (all are in report.json / index.html).
+const MAX_LISTED: usize = 15;
+
+pub fn ratio(x: f64) -> String {
+    if x.is_infinite() {
+        "inf".into()
+    } else if x.is_nan() {
+        "n/a".into()
+    } else {
+        format!("{x:.3}")
+    }
+}
+
+pub fn summary_md(r: &Report) -> String {
+    let mut s = String::new();
+    let verdict = if r.findings.is_empty() {
+        "CLEAN"
+    } else {
+        "FINDINGS"
+    };
+    let _ = writeln!(s, "# mqa-fuzz {verdict}: run `{}`\n", r.run_id);
+    for line in headline(r).lines() {
+        let _ = writeln!(s, "> {line}  ");
+    }
+    let _ = writeln!(s);
+    let shard = match (&r.shard, r.merged_shards.len()) {
+        (Some(sh), _) => format!(", shard {sh}"),
+        (None, 0) => String::new(),
+        (None, n) => {
+            let missing = missing_shards(r);
+            if missing.is_empty() {
+                format!(", {n} shards merged")
+            } else {
+                format!(
+                    ", {n} shards merged, MISSING {}",
+                    missing
+                        .iter()
+                        .map(|s| s.to_string())
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                )
+            }
+        }
+    };
+    let _ = writeln!(
+        s,
+        "Profile `{}`, seed {}{shard}; {} cases generated, {} replayed, {} skipped; {:.1} s wall{}.\n",
+        r.profile,
+        r.seed,
+        group(r.counts.cases_generated),
+        group(r.counts.cases_replayed),
+        group(r.counts.cases_skipped),
+        r.timings.wall_secs,
+        if r.interrupted { ", INTERRUPTED" } else { "" }
+    );
+    let _ = writeln!(s, "| kernel | cases | clean | with findings | skipped | guard redundant | rows | logits | max err/bound |");
+    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for (name, k) in &r.per_kernel {
+        let _ = writeln!(
+            s,
+            "| `{name}` | {} | {} | {} | {} | {}/{} | {} | {} | {} |",
+            group(k.cases),
+            group(k.clean),
+            group(k.with_findings),
+            group(k.skipped),
+            group(k.guard.redundant_cases),
+            group(k.guard.cases),
+            group(k.rows_checked),
+            group(k.logits_checked),
+            ratio(k.max_err_over_bound)
+        );
+    }
+    if !r.findings.is_empty() {
+        let _ = writeln!(s, "\n## {} distinct finding(s)\n", r.findings.len());
+        let _ = writeln!(
+            s,
+            "| kernel | profile | class | cases | shrunk | rows × tokens | replay |"
+        );
+        let _ = writeln!(s, "|---|---|---|---:|---|---|---|");
+        for f in r.findings.iter().take(MAX_LISTED) {
+            let _ = writeln!(
+                s,
+                "| `{}` | {} | **{}** | {} | {} | {} × {} | `{}` |",
+                f.kernel,
+                f.profile,
+                f.class_name(),
+                f.occurrences,
+                if f.shrunk { "yes" } else { "no" },
+                f.rows,
+                f.tokens,
+                f.replay_command.replace('|', "\\|")
+            );
+        }
+        if r.findings.len() > MAX_LISTED {
+            let _ = writeln!(
+                s,
+                "\n… and {} more in `report.json` / `index.html`.",
+                r.findings.len() - MAX_LISTED
+            );
+        }
+    }
+    let _ = writeln!(
+        s,
+        "\nDetails and pictures: `index.html`; machine-readable: `report.json`, `junit.xml`."
+    );
+    s
+}
