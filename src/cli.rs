@@ -143,7 +143,10 @@ pub fn dispatch(cli: Cli) -> Result<i32, Fatal> {
 }
 
 fn cmd_worker(name: &str, fault: Option<&str>) -> Result<i32, Fatal> {
-    let fault = fault.map(kernel::exec::server::Fault::parse).transpose().map_err(Fatal::usage)?;
+    let fault = fault
+        .map(kernel::exec::server::Fault::parse)
+        .transpose()
+        .map_err(Fatal::usage)?;
     kernel::exec::server::serve(name, fault)
 }
 

@@ -17,7 +17,10 @@ use std::process::Command;
 
 fn python_has(modules: &[&str]) -> bool {
     let script = format!("import {}", modules.join(", "));
-    Command::new("python3").args(["-c", &script]).output().is_ok_and(|o| o.status.success())
+    Command::new("python3")
+        .args(["-c", &script])
+        .output()
+        .is_ok_and(|o| o.status.success())
 }
 
 /// Skips (with the reason on stderr) unless python3 can import `modules`.
@@ -42,7 +45,10 @@ fn adapter_with_env(name: &str, env: &[(&str, &str)]) -> Box<dyn Kernel> {
     let script = format!("{FAKES}/../{}_adapter.py", words.next().unwrap());
     let cmd = format!("python3 {script} {}", words.collect::<Vec<_>>().join(" "));
     let mut cfg = ExecConfig::new(cmd);
-    cfg.worker_envs = vec![env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()];
+    cfg.worker_envs = vec![env
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()];
     Box::new(ExecKernel::start(name, cfg).unwrap_or_else(|e| panic!("{name}: {e}")))
 }
 
@@ -117,7 +123,10 @@ fn numpy_adapter_is_clean_and_agrees_with_cpu_chunked() {
         }
         // Same chunked stores: the same positions were written outside V(r) too.
         let written = |o: &mqa_fuzz::kernel::OutputBuffer| -> Vec<bool> {
-            o.interior().iter().map(|x| x.to_bits() != mqa_fuzz::kernel::POISON_BITS).collect()
+            o.interior()
+                .iter()
+                .map(|x| x.to_bits() != mqa_fuzz::kernel::POISON_BITS)
+                .collect()
         };
         assert_eq!(written(&a), written(&b), "case {n}: written sets differ");
     }
@@ -127,18 +136,41 @@ fn numpy_adapter_is_clean_and_agrees_with_cpu_chunked() {
 fn case_for(plant: &str) -> Case {
     let r = match plant {
         "tail-unwritten" => recipe(vec![300, 0, 17, 512], 2),
-        "offset32-kv" => Recipe { offsets: OffsetClass::Around4G, block_size: 64, ..recipe(vec![700, 300], 1) },
+        "offset32-kv" => Recipe {
+            offsets: OffsetClass::Around4G,
+            block_size: 64,
+            ..recipe(vec![700, 300], 1)
+        },
         // The sequence ends past byte 2^31 of the output.
-        "offset32-out" => Recipe { big_output: true, model_len_slack: 0, block_size: 256, head_dim: 32, ..recipe(vec![1 << 20], 1) },
+        "offset32-out" => Recipe {
+            big_output: true,
+            model_len_slack: 0,
+            block_size: 256,
+            head_dim: 32,
+            ..recipe(vec![1 << 20], 1)
+        },
         "mask-off-by-one" => recipe(vec![300, 40], 2),
-        "ctx2d-ignored" => Recipe { lens: LensRecipe::PerToken(vec![vec![10, 300], vec![5, 6]]), ..recipe(vec![], 2) },
+        "ctx2d-ignored" => Recipe {
+            lens: LensRecipe::PerToken(vec![vec![10, 300], vec![5, 6]]),
+            ..recipe(vec![], 2)
+        },
         "table-padding-read" => recipe(vec![40, 3], 1),
         "zero-batch" => recipe(vec![0; 32], 1),
-        "fnuz-as-fn" => Recipe { format: Fp8Format::E4m3fnuz, ..recipe(vec![100, 7], 1) },
-        "scale-before-relu" => Recipe { values: ValueKind::Hostile, seed: 1, ..recipe(vec![600, 500], 1) },
+        "fnuz-as-fn" => Recipe {
+            format: Fp8Format::E4m3fnuz,
+            ..recipe(vec![100, 7], 1)
+        },
+        "scale-before-relu" => Recipe {
+            values: ValueKind::Hostile,
+            seed: 1,
+            ..recipe(vec![600, 500], 1)
+        },
         "split-boundary-drop" => recipe(vec![3000, 2000], 1),
         "short-row-skipped" => recipe(vec![1, 300], 2),
-        "store-past-end" => Recipe { model_len_slack: 0, ..recipe(vec![300, 0, 17, 290], 2) },
+        "store-past-end" => Recipe {
+            model_len_slack: 0,
+            ..recipe(vec![300, 0, 17, 290], 2)
+        },
         other => panic!("no case for {other}"),
     };
     r.materialize()
@@ -158,7 +190,10 @@ fn numpy_plants_are_caught_like_the_cpu_bugs() {
         let want = classes(&judge_once(cpu.as_ref(), &case));
         assert!(!want.is_empty(), "cpu:bug-{name} is not caught by its case");
         let clean = judge_once(kernel::open("cpu:chunked").unwrap().as_ref(), &case);
-        assert!(clean.is_clean(), "{name}'s case is not clean on cpu:chunked: {clean:?}");
+        assert!(
+            clean.is_clean(),
+            "{name}'s case is not clean on cpu:chunked: {clean:?}"
+        );
         let k = adapter(&format!("numpy --plant {name}"));
         let got = classes(&judge_once(k.as_ref(), &case));
         assert_eq!(got, want, "numpy --plant {name} vs cpu:bug-{name}");
@@ -177,7 +212,10 @@ fn numpy_fault_flag_crashes_deterministically_mid_campaign() {
     assert_eq!(classes(&v), vec![Class::Crash]);
     let msg = v.examples[0].detail.clone().unwrap_or_default();
     assert!(msg.contains("fault injection: aborting"), "{msg}");
-    assert!(judge_once(k.as_ref(), &short).is_clean(), "the restarted worker runs the next case");
+    assert!(
+        judge_once(k.as_ref(), &short).is_clean(),
+        "the restarted worker runs the next case"
+    );
 }
 
 #[test]
@@ -185,7 +223,11 @@ fn replay_command_exit_codes_with_the_numpy_adapter() {
     require_python!("numpy");
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("tail.json");
-    let cf = mqa_fuzz::case::CaseFile { provenance: Default::default(), expected: Default::default(), case: case_for("tail-unwritten") };
+    let cf = mqa_fuzz::case::CaseFile {
+        provenance: Default::default(),
+        expected: Default::default(),
+        case: case_for("tail-unwritten"),
+    };
     mqa_fuzz::case::save_case_file(&file, &cf).unwrap();
     let run = |k: &str| {
         Command::new(env!("CARGO_BIN_EXE_mqa-fuzz"))
@@ -196,19 +238,32 @@ fn replay_command_exit_codes_with_the_numpy_adapter() {
             .unwrap()
     };
     let o = run("numpy");
-    assert_eq!(o.status.code(), Some(0), "{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
     let o = run("numpy --plant tail-unwritten");
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stdout).contains("unwritten"));
     let o = run("numpy --plant no-such-bug");
-    assert_eq!(o.status.code(), Some(3), "an adapter that refuses its arguments cannot run: environment");
+    assert_eq!(
+        o.status.code(),
+        Some(3),
+        "an adapter that refuses its arguments cannot run: environment"
+    );
 }
 
 #[test]
 fn torch_adapter_is_clean_on_the_cpu() {
     require_python!("numpy", "torch");
     let k = adapter("torch --cpu");
-    assert_eq!(k.capabilities().outside, mqa_fuzz::kernel::OutsideContract::NegInf);
+    assert_eq!(
+        k.capabilities().outside,
+        mqa_fuzz::kernel::OutsideContract::NegInf
+    );
     let mut judged = 0;
     for (n, case) in clean_cases().iter().enumerate() {
         let v = judge_once(k.as_ref(), case);
@@ -222,7 +277,13 @@ fn torch_adapter_is_clean_on_the_cpu() {
 }
 
 fn dg_case(lens: Vec<usize>, next_n: usize) -> Case {
-    Recipe { heads: 32, head_dim: 64, block_size: 64, ..recipe(lens, next_n) }.materialize()
+    Recipe {
+        heads: 32,
+        head_dim: 64,
+        block_size: 64,
+        ..recipe(lens, next_n)
+    }
+    .materialize()
 }
 
 #[test]
@@ -231,8 +292,14 @@ fn deepgemm_adapter_against_a_fake_deep_gemm() {
     let k = adapter_with_env("deepgemm", &[("PYTHONPATH", FAKES)]);
     assert!(k.version().contains("2.8.2+fake"), "{}", k.version());
     let caps = k.capabilities();
-    assert_eq!(caps.block_sizes, mqa_fuzz::kernel::BlockSizes::List(vec![64]));
-    for case in [dg_case(vec![300, 0, 17, 513], 2), dg_case(vec![64, 1000], 1)] {
+    assert_eq!(
+        caps.block_sizes,
+        mqa_fuzz::kernel::BlockSizes::List(vec![64])
+    );
+    for case in [
+        dg_case(vec![300, 0, 17, 513], 2),
+        dg_case(vec![64, 1000], 1),
+    ] {
         let v = judge_once(k.as_ref(), &case);
         assert!(v.is_clean(), "{v:?}");
         assert_eq!(v.run.inputs_intact, Some(true));
@@ -241,7 +308,10 @@ fn deepgemm_adapter_against_a_fake_deep_gemm() {
     let v = judge_once(k.as_ref(), &recipe(vec![30], 1).materialize());
     assert!(v.skipped.is_some());
     drop(k);
-    let k = adapter_with_env("deepgemm", &[("PYTHONPATH", FAKES), ("MQA_FUZZ_FAKE_BUG", "nan-last")]);
+    let k = adapter_with_env(
+        "deepgemm",
+        &[("PYTHONPATH", FAKES), ("MQA_FUZZ_FAKE_BUG", "nan-last")],
+    );
     let v = judge_once(k.as_ref(), &dg_case(vec![300, 17], 2));
     assert_eq!(classes(&v), vec![Class::Nan], "{v:?}");
     assert!(!v.guard.redundant);
