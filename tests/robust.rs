@@ -465,3 +465,51 @@ fn bad_reports_for_merge_and_diff_exit_2_naming_the_file() {
         one_line_exit_2(&out, &[&shown]);
     }
 }
+
+/// Regression (found by `fuzz/fuzz_targets/worker_protocol.rs`): a case file whose
+/// `kv_block_ids` is 2-D (more ids than blocks) made the worker index past the block
+/// tensor and panic. It must be refused with a message naming the tensor.
+#[test]
+fn worker_refuses_kv_block_ids_that_do_not_match_the_blocks() {
+    use mqa_fuzz::kernel::exec::protocol::{read_case_file, write_case_file, RunRequest};
+    use mqa_fuzz::kernel::OutputBuffer;
+    use safetensors::tensor::TensorView;
+    let seed = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("corpus")
+        .join("seed-block-size-1.json");
+    let case = load_case_file(&seed).unwrap().case;
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("case.st");
+    write_case_file(&path, &case, &OutputBuffer::for_case(&case)).unwrap();
+    let req = RunRequest::new(1, &case, &path, &tmp.path().join("out.st"));
+    read_case_file(&req).expect("the untouched file is accepted");
+
+    // Rewrite the file with every id given twice, as a [n, 2] tensor.
+    let bytes = std::fs::read(&path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut owned: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(name, t)| (name, t.dtype(), t.shape().to_vec(), t.data().to_vec()))
+        .collect();
+    for (name, _, shape, data) in &mut owned {
+        if name == "kv_block_ids" {
+            *shape = vec![shape[0], 2];
+            *data = data.repeat(2);
+        }
+    }
+    let views: Vec<(String, TensorView)> = owned
+        .iter()
+        .map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap()))
+        .collect();
+    std::fs::write(&path, safetensors::serialize(views, None).unwrap()).unwrap();
+    let e = read_case_file(&req).unwrap_err();
+    assert!(e.contains("kv_block_ids"), "{e}");
+
+    // A request with absurd dimensions is refused before any size is computed from them.
+    let mut huge = req.clone();
+    huge.batch = usize::MAX / 2;
+    huge.next_n = 8;
+    let e = read_case_file(&huge).unwrap_err();
+    assert!(e.contains("batch"), "{e}");
+}
