@@ -70,6 +70,26 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Benchmarks.
+    #[command(subcommand)]
+    Bench(Bench),
+    /// Checks the CUDA kernels, planted bugs and GPU oracle on this machine's GPU.
+    #[command(hide = true)]
+    GpuSelfcheck {
+        /// Random cases per kernel.
+        #[arg(long, default_value_t = 60)]
+        cases: usize,
+        /// Random cases for the GPU oracle's bit-identity check.
+        #[arg(long, default_value_t = 60)]
+        oracle_cases: usize,
+    },
+    /// Compiles every CUDA kernel variant into the disk cache (NVRTC only, no GPU needed).
+    #[command(hide = true)]
+    GpuPrecompile {
+        /// NVRTC architecture.
+        #[arg(long, default_value = "sm_90a")]
+        arch: String,
+    },
     /// Serve a built-in kernel over the worker protocol on stdin/stdout (used by
     /// `exec:` pools to isolate kernels in child processes).
     #[command(hide = true)]
@@ -107,6 +127,12 @@ pub enum Command {
     },
 }
 
+#[derive(Subcommand, Debug)]
+pub enum Bench {
+    /// GPU oracle: kernel time, GPU-oracle time, CPU cross-check time and verified logits/s.
+    Oracle,
+}
+
 /// Runs the parsed command; returns the exit code.
 pub fn dispatch(cli: Cli) -> Result<i32, Fatal> {
     match cli.command {
@@ -135,6 +161,19 @@ pub fn dispatch(cli: Cli) -> Result<i32, Fatal> {
             topk,
             json,
         } => cmd_replay(&files, kernel.as_deref(), topk, json),
+        Command::Bench(Bench::Oracle) => kernel::cuda::bench::bench_oracle(),
+        Command::GpuSelfcheck {
+            cases,
+            oracle_cases,
+        } => kernel::cuda::bench::selfcheck(cases, oracle_cases),
+        Command::GpuPrecompile { arch } => {
+            let n = kernel::cuda::bench::precompile(&arch).map_err(Fatal::environment)?;
+            println!(
+                "compiled {n} kernel variants for {arch} into {:?}",
+                kernel::cuda::compile::cache_dir()
+            );
+            Ok(exit::CLEAN)
+        }
         Command::Worker { kernel, fault } => cmd_worker(&kernel, fault.as_deref()),
         Command::Report { dir } => crate::report::cli::cmd_report(&dir),
         Command::Merge { dirs, out } => crate::report::cli::cmd_merge(&dirs, &out),
@@ -324,6 +363,9 @@ pub struct RunArgs {
     /// k of the downstream top-k check (V3.2: 2048, V4-Pro: 1024, V4-Flash: 512).
     #[arg(long, default_value_t = 2048)]
     pub topk: usize,
+    /// Stop generating after this many distinct findings (e.g. 1 for a quick gate).
+    #[arg(long)]
+    pub max_findings: Option<usize>,
     /// No progress output.
     #[arg(long, short = 'q')]
     pub quiet: bool,
@@ -435,6 +477,7 @@ fn cmd_run(args: RunArgs) -> Result<i32, Fatal> {
     cfg.replay_corpus = !args.no_replay;
     cfg.oracle.topk = args.topk;
     cfg.quiet = args.quiet;
+    cfg.stop_after_findings = args.max_findings;
     cfg.command_line = std::env::args().collect::<Vec<_>>().join(" ");
     let shard_txt = shard
         .map(|s| format!(", shard {}/{}", s.index, s.count))
@@ -458,33 +501,7 @@ fn print_summary(r: &crate::report::Report, dir: &std::path::Path) {
         r.timings.wall_secs,
         if r.interrupted { " (interrupted)" } else { "" }
     );
-    for (name, st) in &r.per_kernel {
-        let g = &st.guard;
-        let guard = if g.redundant_cases == g.cases {
-            format!(
-                "guard redundant on {}/{} cases ({} rows, {} logits checked in the valid range); 95% upper bound on the per-case failure rate {:.2e}",
-                g.redundant_cases,
-                g.cases,
-                st.rows_checked,
-                st.logits_checked,
-                3.0 / (g.cases.max(1) as f64)
-            )
-        } else {
-            format!(
-                "guard NEEDED on {} of {} cases ({} rows; elements: {} nan, {} +inf, {} -inf)",
-                g.cases - g.redundant_cases,
-                g.cases,
-                g.rows_affected,
-                g.nan,
-                g.pos_inf,
-                g.neg_inf
-            )
-        };
-        println!(
-            "{name}: {} clean, {} with findings, {} skipped; {guard}",
-            st.clean, st.with_findings, st.skipped
-        );
-    }
+    println!("{}", crate::report::headline(r));
     for f in &r.findings {
         println!(
             "FINDING {} [{}] x{}: {}{}",

@@ -257,6 +257,11 @@ fn add_verdict(stats: &mut KernelStats, v: &Verdict, kernel_secs: f64) {
     }
     stats.rows_checked += v.metrics.rows_checked;
     stats.logits_checked += v.metrics.checked;
+    // A crashed case has no output for the guard to act on: not counted either way.
+    if v.classes.contains_key(&Class::Crash) {
+        stats.kernel_secs += kernel_secs;
+        return;
+    }
     let g = &mut stats.guard;
     g.cases += 1;
     g.redundant_cases += v.guard.redundant as u64;
@@ -265,9 +270,7 @@ fn add_verdict(stats: &mut KernelStats, v: &Verdict, kernel_secs: f64) {
     g.pos_inf += v.guard.pos_inf;
     g.neg_inf += v.guard.neg_inf;
     stats.kernel_secs += kernel_secs;
-    if v.metrics.max_err_over_bound.is_finite() {
-        stats.max_err_over_bound = stats.max_err_over_bound.max(v.metrics.max_err_over_bound);
-    }
+    stats.max_err_over_bound = stats.max_err_over_bound.max(v.metrics.max_err_over_bound);
 }
 
 fn quote(s: &str) -> String {
@@ -521,7 +524,15 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
                     any_finding = true;
                     let kern = engine.kernels[ki].as_ref();
                     let raw_sig = corpus::signature(kern.name(), class, &r.case);
-                    if let Some(&fi) = by_signature.get(&raw_sig) {
+                    // A finding that shows any class already found for this kernel is
+                    // the same bug again (one bug shows as oob_write in one case and as
+                    // oob_write + inf in the next): count it, do not shrink or save it.
+                    let known = r.verdicts[ki].finding_classes().into_iter().find_map(|c| {
+                        by_signature
+                            .get(&corpus::signature(kern.name(), c, &r.case))
+                            .copied()
+                    });
+                    if let Some(fi) = known {
                         findings[fi].occurrences += 1;
                         continue;
                     }

@@ -6,6 +6,7 @@
 //! New kernels plug in by implementing [`Kernel`] and adding a line to [`registry`].
 
 pub mod cpu;
+pub mod cuda;
 pub mod exec;
 mod output;
 
@@ -227,11 +228,15 @@ pub fn default_kernel_name() -> &'static str {
 
 fn extra_entries() -> Vec<KernelEntry> {
     let mut v = Vec::new();
+    v.extend(cuda::entries());
     v.extend(exec::entries());
     v
 }
 
 fn open_extra(name: &str) -> Result<Box<dyn Kernel>, OpenError> {
+    if let Some(k) = cuda::open(name) {
+        return k;
+    }
     if let Some(k) = exec::open(name) {
         return k;
     }

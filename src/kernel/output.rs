@@ -88,19 +88,23 @@ impl OutputBuffer {
     /// Indices (into the raw allocation) of elements outside `[r][0..cols)` (guards and
     /// row padding) whose bits changed.
     pub fn out_of_bounds_writes(&self) -> Vec<usize> {
-        let changed = |k: &usize| self.data[*k].to_bits() != POISON_BITS;
         let n = self.data.len();
-        let mut v: Vec<usize> = (0..GUARD_ELEMS)
-            .chain(n - GUARD_ELEMS..n)
-            .filter(changed)
-            .collect();
+        let mut v = Vec::new();
+        // Whole-slice comparison first (vectorizes); indices only where something changed.
+        let mut scan = |range: std::ops::Range<usize>| {
+            let s = &self.data[range.clone()];
+            if !s.iter().all(|x| x.to_bits() == POISON_BITS) {
+                v.extend(range.filter(|&k| self.data[k].to_bits() != POISON_BITS));
+            }
+        };
+        scan(0..GUARD_ELEMS);
         if self.row_stride > self.cols {
             for r in 0..self.rows {
                 let o = GUARD_ELEMS + r * self.row_stride;
-                v.extend((o + self.cols..o + self.row_stride).filter(changed));
+                scan(o + self.cols..o + self.row_stride);
             }
         }
-        v.sort_unstable();
+        scan(n - GUARD_ELEMS..n);
         v
     }
 }

@@ -353,9 +353,25 @@ pub fn judge(
                 v.add(Class::NegInfContract, 1, Some(ex), cfg.max_examples);
             }
         }
-        // Guard verdict over V(r), independent of the reference.
+        // Guard verdict over V(r). A NaN or inf where the exact value itself is not a
+        // finite f32 (hostile inputs: NaN codes, inf scales) is the right answer, not
+        // something the guard would repair; it is counted in `hostile` instead. Every
+        // other NaN/inf, and the poison of an unwritten element, counts.
         let mut affected = false;
-        for &x in &row[..len] {
+        for (t, &x) in row[..len].iter().enumerate() {
+            if x.is_finite() {
+                continue;
+            }
+            let expected_non_finite = x.to_bits() != POISON_BITS && {
+                let exp = match &reference.rows[r] {
+                    Some(rr) if t < rr.value.len() => rr.value[t],
+                    _ => crate::reference::element(case, reference.placement, r, t).0,
+                };
+                !exp.is_finite() || exp.abs() > f32::MAX as f64
+            };
+            if expected_non_finite {
+                continue;
+            }
             if x.is_nan() {
                 v.guard.nan += 1;
                 affected = true;

@@ -1,0 +1,229 @@
+//! The in-process CUDA kernels (`cuda-direct:*`): `naive`, `tiled` and the planted-bug
+//! variants of `tiled`. Each run uploads the case ([`DeviceCase`]), hashes the inputs,
+//! launches between CUDA events, hashes again, and copies the whole output back.
+
+use super::compile::{Defines, Program};
+use super::device::{with_gpu, Gpu, GpuFailure};
+use super::memory::{failure, launch, DeviceCase, Params};
+use super::sys::{DeviceMemory, Timer};
+use crate::case::{Case, ScalePlacement};
+use crate::fp8::Fp8Format;
+use crate::kernel::cpu::Plant;
+use crate::kernel::{
+    Accumulation, BlockSizes, Capabilities, Kernel, OutputBuffer, RunError, RunInfo,
+};
+use std::time::Duration;
+
+/// Relative accumulation error declared by `cuda:tiled` (multiplies Σ_d |q_d k_d|).
+///
+/// Hopper's fp8 tensor cores are known to accumulate with a reduced-width aligned
+/// accumulator inside `wgmma` (DeepSeek-V3 §3.3.2: about 14 bits on H800 for long K).
+/// `cuda:tiled` uses `mma.sync` m16n8k32, whose K=32 partial sums are added to f32
+/// accumulators: on the H200 the largest dot error observed (gpu-selfcheck, random
+/// cases of every shape and value kind, see docs/bench-cuda.md) was 7.6e-10 of
+/// Σ|q_d k_d|, below f32 rounding. 2^-20 keeps a margin of more than 1000x over that
+/// while staying far below the errors the planted bugs produce.
+pub const TILED_REL: f64 = 1.0 / 1_048_576.0;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Variant {
+    Naive,
+    Tiled(Option<Plant>),
+}
+
+impl Variant {
+    pub fn short_name(self) -> String {
+        match self {
+            Variant::Naive => "naive".into(),
+            Variant::Tiled(None) => "tiled".into(),
+            Variant::Tiled(Some(p)) => format!("bug-{}", p.name()),
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Variant> {
+        match s {
+            "naive" => Some(Variant::Naive),
+            "tiled" => Some(Variant::Tiled(None)),
+            _ => Plant::parse(s.strip_prefix("bug-")?).map(|p| Variant::Tiled(Some(p))),
+        }
+    }
+
+    pub fn all() -> Vec<Variant> {
+        let mut v = vec![Variant::Naive, Variant::Tiled(None)];
+        v.extend(Plant::ALL.into_iter().map(|p| Variant::Tiled(Some(p))));
+        v
+    }
+
+    pub fn describe(self) -> String {
+        match self {
+            Variant::Naive => "CUDA, one thread per logit: decode tables, exact products, f32 sums, 64-bit addressing, writes exactly V(r)".into(),
+            Variant::Tiled(None) => "CUDA production-style: fp8 tensor-core MMA (f16 for e4m3fnuz), ChunkK=256, split-KV schedule over the SMs, chunked stores with -inf masks".into(),
+            Variant::Tiled(Some(p)) => format!("planted bug in cuda:tiled: {}", p.describe()),
+        }
+    }
+
+    pub fn capabilities(self) -> Capabilities {
+        let mut c = Capabilities::everything(ScalePlacement::AfterReluSum);
+        c.nan_behaviour = "naive: NaN propagates through dot, relu and head sum".into();
+        if let Variant::Tiled(_) = self {
+            c.block_sizes = BlockSizes::Any;
+            c.next_n = (1, 4);
+            c.heads = Some(vec![32, 64, 128]);
+            c.head_dims = Some(vec![64, 128]);
+            c.accumulation = Accumulation::Reduced { rel: TILED_REL };
+            c.nan_behaviour = "tiled: a NaN dot product becomes 0 in the relu (fmaxf(x, 0), as DeepGEMM); NaN or inf weights and scales propagate".into();
+        }
+        c
+    }
+
+    /// The compile-time defines of this variant for a case's shape.
+    pub fn defines_for(self, case: &Case) -> Defines {
+        let s = &case.shape;
+        let mut d: Defines = vec![
+            ("NN".into(), s.next_n.to_string()),
+            ("HH".into(), s.heads.to_string()),
+            ("DD".into(), s.head_dim.to_string()),
+            (
+                "FNUZ".into(),
+                ((s.format == Fp8Format::E4m3fnuz) as u8).to_string(),
+            ),
+        ];
+        if let Variant::Tiled(Some(p)) = self {
+            d.push((
+                format!("BUG_{}", p.name().to_uppercase().replace('-', "_")),
+                "1".into(),
+            ));
+        }
+        d
+    }
+}
+
+/// A CUDA kernel run in this process.
+pub struct CudaDirect {
+    name: String,
+    variant: Variant,
+    caps: Capabilities,
+}
+
+impl CudaDirect {
+    pub fn new(variant: Variant) -> Self {
+        CudaDirect {
+            name: format!("cuda-direct:{}", variant.short_name()),
+            variant,
+            caps: variant.capabilities(),
+        }
+    }
+}
+
+/// Dynamic shared memory of the tiled kernel for a shape.
+fn tiled_smem(case: &Case) -> u32 {
+    let s = &case.shape;
+    let rows = (s.next_n * s.heads) as u32;
+    rows * (s.head_dim as u32 + 16) + rows * 4 + 512
+}
+
+/// Launches the kernel of `variant` on an uploaded case (between the timer's events).
+pub fn launch_variant(
+    gpu: &mut Gpu,
+    variant: Variant,
+    case: &Case,
+    dc: &mut DeviceCase,
+    timer: &Timer,
+) -> Result<(), GpuFailure> {
+    let env = GpuFailure::Environment;
+    match variant {
+        Variant::Naive => {
+            let f = gpu
+                .function(Program::Naive, "naive_logits", &vec![])
+                .map_err(env)?;
+            let max_len = (0..case.rows())
+                .map(|r| case.valid_len(r))
+                .max()
+                .unwrap_or(0);
+            let gx = max_len.div_ceil(128).clamp(1, 65535) as u32;
+            let gy = case.rows().clamp(1, 65535) as u32;
+            let mut p = dc.params;
+            timer.start().map_err(failure)?;
+            launch(&f, (gx, gy, 1), 128, 0, &mut [&mut p])?;
+            timer.stop().map_err(failure)?;
+        }
+        Variant::Tiled(_) => {
+            let defines = variant.defines_for(case);
+            let sched = gpu
+                .function(Program::Tiled, "tiled_schedule", &defines)
+                .map_err(env)?;
+            let main = gpu
+                .function(Program::Tiled, "tiled_logits", &defines)
+                .map_err(env)?;
+            let smem = tiled_smem(case);
+            if smem > gpu.max_smem_optin {
+                return Err(GpuFailure::OutOfMemory(format!(
+                    "needs {smem} bytes of shared memory, the GPU allows {}",
+                    gpu.max_smem_optin
+                )));
+            }
+            if smem > 48 * 1024 {
+                main.set_max_dynamic_smem(smem).map_err(failure)?;
+            }
+            let per_sm = main.occupancy(128, smem).map_err(failure)?.clamp(1, 4);
+            let mut p: Params = dc.params;
+            p.num_workers = (gpu.sms * per_sm) as i32;
+            let prefix = DeviceMemory::alloc((case.shape.batch as u64 + 1) * 4).map_err(failure)?;
+            let mut prefix_ptr = prefix.ptr();
+            timer.start().map_err(failure)?;
+            launch(&sched, (1, 1, 1), 1024, 0, &mut [&mut p, &mut prefix_ptr])?;
+            launch(
+                &main,
+                (p.num_workers as u32, 1, 1),
+                128,
+                smem,
+                &mut [&mut p, &mut prefix_ptr],
+            )?;
+            timer.stop().map_err(failure)?;
+            gpu.ctx.synchronize().map_err(failure)?;
+            drop(prefix);
+        }
+    }
+    gpu.ctx.synchronize().map_err(failure)
+}
+
+/// Runs `variant` on `case` into `out`: the whole device-side protocol of a case.
+pub fn run_variant(
+    variant: Variant,
+    case: &Case,
+    out: &mut OutputBuffer,
+) -> Result<RunInfo, RunError> {
+    let r = with_gpu(|gpu| {
+        let mut dc = DeviceCase::upload(gpu, case, out)?;
+        let before = dc.input_hashes(gpu)?;
+        let timer = Timer::new().map_err(failure)?;
+        launch_variant(gpu, variant, case, &mut dc, &timer)?;
+        let ms = timer.elapsed_ms().map_err(failure)?;
+        let after = dc.input_hashes(gpu)?;
+        dc.download_output(out)?;
+        Ok(RunInfo {
+            kernel_time: Some(Duration::from_secs_f64(ms as f64 / 1e3)),
+            inputs_intact: Some(before == after),
+            device_bytes: Some(dc.bytes),
+        })
+    });
+    r.map_err(|e| match e {
+        GpuFailure::Environment(m) => RunError::Environment(m),
+        GpuFailure::Fault(m) => RunError::Crash(format!("CUDA fault: {m}")),
+        GpuFailure::OutOfMemory(m) => RunError::Skipped(m),
+    })
+}
+
+impl Kernel for CudaDirect {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn capabilities(&self) -> &Capabilities {
+        &self.caps
+    }
+
+    fn run(&self, case: &Case, out: &mut OutputBuffer) -> Result<RunInfo, RunError> {
+        run_variant(self.variant, case, out)
+    }
+}

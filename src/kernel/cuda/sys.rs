@@ -1,0 +1,370 @@
+//! The thin unsafe layer: every raw CUDA driver and NVRTC call of the backend lives
+//! here, each wrapped so that callers above see owned handles and `Result`s. Nothing
+//! here knows about cases or kernels. Libraries are loaded at run time (cudarc's
+//! `dynamic-loading`), so a machine without CUDA builds and runs everything else;
+//! [`driver_present`] and [`nvrtc_present`] must be checked before any other call,
+//! because cudarc panics when a library is missing.
+
+use cudarc::driver::{result, sys};
+use cudarc::nvrtc::sys as nvrtc;
+use std::ffi::{c_void, CStr, CString};
+
+pub type DeviceError = String;
+
+fn drv(e: result::DriverError) -> DeviceError {
+    let name = e
+        .error_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| format!("{:?}", e.0));
+    let what = e
+        .error_string()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    format!("{name}: {what}")
+}
+
+/// Whether libcuda can be loaded (without it cudarc panics on first use).
+pub fn driver_present() -> bool {
+    // SAFETY: only tries to dlopen the library by its candidate names.
+    unsafe { sys::is_culib_present() }
+}
+
+/// Whether libnvrtc can be loaded.
+pub fn nvrtc_present() -> bool {
+    // SAFETY: as above.
+    unsafe { nvrtc::is_culib_present() }
+}
+
+/// Number of CUDA devices the driver sees (honours CUDA_VISIBLE_DEVICES).
+pub fn device_count() -> Result<usize, DeviceError> {
+    result::init().map_err(drv)?;
+    result::device::get_count().map(|n| n as usize).map_err(drv)
+}
+
+/// One device's primary context, current on the thread that created it. The backend
+/// runs one case at a time per process, so a single (null) stream suffices.
+pub struct Context {
+    dev: sys::CUdevice,
+    ctx: sys::CUcontext,
+}
+
+// SAFETY: the context handle may be made current on any thread (bind()).
+unsafe impl Send for Context {}
+unsafe impl Sync for Context {}
+
+impl Context {
+    pub fn new(ordinal: usize) -> Result<Context, DeviceError> {
+        result::init().map_err(drv)?;
+        let dev = result::device::get(ordinal as i32).map_err(drv)?;
+        // SAFETY: dev is a valid device handle.
+        let ctx = unsafe { result::primary_ctx::retain(dev) }.map_err(drv)?;
+        let c = Context { dev, ctx };
+        c.bind()?;
+        Ok(c)
+    }
+
+    /// Makes the context current on the calling thread.
+    pub fn bind(&self) -> Result<(), DeviceError> {
+        // SAFETY: ctx is a retained primary context.
+        unsafe { result::ctx::set_current(self.ctx) }.map_err(drv)
+    }
+
+    pub fn attribute(&self, a: sys::CUdevice_attribute) -> Result<i32, DeviceError> {
+        // SAFETY: valid device handle.
+        unsafe { result::device::get_attribute(self.dev, a) }.map_err(drv)
+    }
+
+    pub fn name(&self) -> String {
+        result::device::get_name(self.dev).unwrap_or_else(|_| "unknown GPU".into())
+    }
+
+    pub fn total_mem(&self) -> Result<u64, DeviceError> {
+        // SAFETY: valid device handle.
+        unsafe { result::device::total_mem(self.dev) }
+            .map(|b| b as u64)
+            .map_err(drv)
+    }
+
+    /// Free and total device memory.
+    pub fn mem_info(&self) -> Result<(u64, u64), DeviceError> {
+        result::mem_get_info()
+            .map(|(f, t)| (f as u64, t as u64))
+            .map_err(drv)
+    }
+
+    /// Waits for all work; a kernel fault surfaces here.
+    pub fn synchronize(&self) -> Result<(), DeviceError> {
+        result::ctx::synchronize().map_err(drv)
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        // SAFETY: balances the retain in new(); errors after a fault are irrelevant.
+        let _ = unsafe { result::primary_ctx::release(self.dev) };
+    }
+}
+
+/// An owned device allocation.
+pub struct DeviceMemory {
+    ptr: sys::CUdeviceptr,
+    bytes: u64,
+}
+
+impl DeviceMemory {
+    pub fn alloc(bytes: u64) -> Result<DeviceMemory, DeviceError> {
+        // SAFETY: plain cuMemAlloc; zero-sized allocations are rounded up to 16 bytes.
+        let ptr = unsafe { result::malloc_sync(bytes.max(16) as usize) }.map_err(drv)?;
+        Ok(DeviceMemory { ptr, bytes })
+    }
+
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Copies `src` to the start of the allocation (or at byte `offset`).
+    pub fn upload<T: Copy>(&self, offset: u64, src: &[T]) -> Result<(), DeviceError> {
+        let n = std::mem::size_of_val(src) as u64;
+        assert!(
+            offset + n <= self.bytes.max(16),
+            "upload past the allocation"
+        );
+        if n == 0 {
+            return Ok(());
+        }
+        // SAFETY: bounds checked above; synchronous copy from a live host slice.
+        unsafe { result::memcpy_htod_sync(self.ptr + offset, src) }.map_err(drv)
+    }
+
+    pub fn download<T: Copy>(&self, offset: u64, dst: &mut [T]) -> Result<(), DeviceError> {
+        let n = std::mem::size_of_val(dst) as u64;
+        assert!(
+            offset + n <= self.bytes.max(16),
+            "download past the allocation"
+        );
+        if n == 0 {
+            return Ok(());
+        }
+        // SAFETY: bounds checked above; synchronous copy into a live host slice.
+        unsafe { result::memcpy_dtoh_sync(dst, self.ptr + offset) }.map_err(drv)
+    }
+
+    pub fn memset(&self, byte: u8) -> Result<(), DeviceError> {
+        // SAFETY: the whole allocation.
+        unsafe { result::memset_d8_sync(self.ptr, byte, self.bytes.max(16) as usize) }.map_err(drv)
+    }
+
+    /// Device-to-device copy of `bytes` from `src` (for the bandwidth ceiling).
+    pub fn copy_from(&self, src: &DeviceMemory, bytes: u64) -> Result<(), DeviceError> {
+        assert!(bytes <= self.bytes && bytes <= src.bytes);
+        // SAFETY: both allocations hold `bytes`.
+        unsafe {
+            result::memcpy_dtod_async(self.ptr, src.ptr, bytes as usize, std::ptr::null_mut())
+        }
+        .map_err(drv)
+    }
+}
+
+impl Drop for DeviceMemory {
+    fn drop(&mut self) {
+        // SAFETY: frees our own allocation once; after a fault the call fails harmlessly.
+        let _ = unsafe { result::free_sync(self.ptr) };
+    }
+}
+
+/// A loaded module and one of its functions.
+pub struct Function {
+    module: sys::CUmodule,
+    func: sys::CUfunction,
+}
+
+// SAFETY: module/function handles are usable from any thread with the context current.
+unsafe impl Send for Function {}
+unsafe impl Sync for Function {}
+
+impl Function {
+    /// Loads a cubin image and looks up `name`.
+    pub fn load(image: &[u8], name: &str) -> Result<Function, DeviceError> {
+        let mut img = image.to_vec();
+        img.push(0);
+        // SAFETY: the image is a complete cubin (or NUL-terminated PTX) that outlives the call.
+        let module =
+            unsafe { result::module::load_data(img.as_ptr() as *const c_void) }.map_err(drv)?;
+        let cname = CString::new(name).expect("kernel names have no NUL");
+        // SAFETY: module was just loaded.
+        let func = unsafe { result::module::get_function(module, cname) }.map_err(drv)?;
+        Ok(Function { module, func })
+    }
+
+    /// Allows `bytes` of dynamic shared memory (above the 48 KiB default).
+    pub fn set_max_dynamic_smem(&self, bytes: u32) -> Result<(), DeviceError> {
+        // SAFETY: valid function handle.
+        unsafe {
+            result::function::set_function_attribute(
+                self.func,
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes as i32,
+            )
+        }
+        .map_err(drv)
+    }
+
+    /// Resident CTAs per SM for this block size and shared memory.
+    pub fn occupancy(&self, block: u32, smem: u32) -> Result<u32, DeviceError> {
+        // SAFETY: valid function handle.
+        unsafe {
+            result::occupancy::max_active_block_per_multiprocessor(
+                self.func,
+                block as i32,
+                smem as usize,
+            )
+        }
+        .map(|n| n as u32)
+        .map_err(drv)
+    }
+
+    /// Launches on the null stream. Each argument is a pointer to a value of the exact
+    /// type the kernel's parameter has.
+    ///
+    /// # Safety
+    /// `args` must match the kernel's parameter list in number, order and type, and
+    /// every device pointer inside must stay allocated until the launch completes.
+    pub unsafe fn launch(
+        &self,
+        grid: (u32, u32, u32),
+        block: u32,
+        smem: u32,
+        args: &mut [*mut c_void],
+    ) -> Result<(), DeviceError> {
+        result::launch_kernel(
+            self.func,
+            grid,
+            (block, 1, 1),
+            smem,
+            std::ptr::null_mut(),
+            args,
+        )
+        .map_err(drv)
+    }
+}
+
+impl Drop for Function {
+    fn drop(&mut self) {
+        // SAFETY: unloads our own module once.
+        let _ = unsafe { result::module::unload(self.module) };
+    }
+}
+
+/// A pair of timing events around device work.
+pub struct Timer {
+    start: sys::CUevent,
+    stop: sys::CUevent,
+}
+
+impl Timer {
+    pub fn new() -> Result<Timer, DeviceError> {
+        let f = sys::CUevent_flags::CU_EVENT_DEFAULT;
+        Ok(Timer {
+            start: result::event::create(f).map_err(drv)?,
+            stop: result::event::create(f).map_err(drv)?,
+        })
+    }
+    pub fn start(&self) -> Result<(), DeviceError> {
+        // SAFETY: valid event, null stream.
+        unsafe { result::event::record(self.start, std::ptr::null_mut()) }.map_err(drv)
+    }
+    pub fn stop(&self) -> Result<(), DeviceError> {
+        // SAFETY: valid event, null stream.
+        unsafe { result::event::record(self.stop, std::ptr::null_mut()) }.map_err(drv)
+    }
+    /// Milliseconds between start and stop (waits for stop).
+    pub fn elapsed_ms(&self) -> Result<f32, DeviceError> {
+        // SAFETY: both events were recorded.
+        unsafe {
+            result::event::synchronize(self.stop).map_err(drv)?;
+            result::event::elapsed(self.start, self.stop).map_err(drv)
+        }
+    }
+}
+
+impl Drop for Timer {
+    fn drop(&mut self) {
+        // SAFETY: our own events.
+        unsafe {
+            let _ = result::event::destroy(self.start);
+            let _ = result::event::destroy(self.stop);
+        }
+    }
+}
+
+/// Compiles CUDA C++ to a cubin with NVRTC. `Err` carries the compiler log.
+pub fn nvrtc_compile(source: &str, name: &str, options: &[String]) -> Result<Vec<u8>, String> {
+    let src = CString::new(source).map_err(|_| "kernel source contains NUL".to_string())?;
+    let cname = CString::new(name).unwrap();
+    let opts: Vec<CString> = options
+        .iter()
+        .map(|o| CString::new(o.as_str()).unwrap())
+        .collect();
+    let opt_ptrs: Vec<*const std::ffi::c_char> = opts.iter().map(|o| o.as_ptr()).collect();
+    let check = |r: nvrtc::nvrtcResult, what: &str| -> Result<(), String> {
+        if r == nvrtc::nvrtcResult::NVRTC_SUCCESS {
+            Ok(())
+        } else {
+            // SAFETY: returns a static string.
+            let s = unsafe { CStr::from_ptr(nvrtc::nvrtcGetErrorString(r)) };
+            Err(format!("{what}: {}", s.to_string_lossy()))
+        }
+    };
+    let mut prog: nvrtc::nvrtcProgram = std::ptr::null_mut();
+    // SAFETY: all pointers are valid NUL-terminated strings for the duration of the calls;
+    // the program is destroyed on every path below.
+    unsafe {
+        check(
+            nvrtc::nvrtcCreateProgram(
+                &mut prog,
+                src.as_ptr(),
+                cname.as_ptr(),
+                0,
+                std::ptr::null(),
+                std::ptr::null(),
+            ),
+            "nvrtcCreateProgram",
+        )?;
+        let compiled = nvrtc::nvrtcCompileProgram(prog, opt_ptrs.len() as i32, opt_ptrs.as_ptr());
+        let mut log_size = 0usize;
+        let mut log = String::new();
+        if nvrtc::nvrtcGetProgramLogSize(prog, &mut log_size) == nvrtc::nvrtcResult::NVRTC_SUCCESS
+            && log_size > 1
+        {
+            let mut buf = vec![0u8; log_size];
+            if nvrtc::nvrtcGetProgramLog(prog, buf.as_mut_ptr() as *mut _)
+                == nvrtc::nvrtcResult::NVRTC_SUCCESS
+            {
+                log = String::from_utf8_lossy(&buf[..log_size - 1]).into_owned();
+            }
+        }
+        let result = (|| {
+            check(compiled, "nvrtcCompileProgram").map_err(|e| format!("{e}\n{log}"))?;
+            let mut size = 0usize;
+            check(
+                nvrtc::nvrtcGetCUBINSize(prog, &mut size),
+                "nvrtcGetCUBINSize",
+            )?;
+            let mut cubin = vec![0u8; size];
+            check(
+                nvrtc::nvrtcGetCUBIN(prog, cubin.as_mut_ptr() as *mut _),
+                "nvrtcGetCUBIN",
+            )?;
+            if std::env::var_os("MQA_FUZZ_NVRTC_LOG").is_some() && !log.is_empty() {
+                eprintln!("nvrtc {name}: {log}");
+            }
+            Ok(cubin)
+        })();
+        let _ = nvrtc::nvrtcDestroyProgram(&mut prog);
+        result
+    }
+}

@@ -1,0 +1,207 @@
+//! End-to-end campaigns through the binary: determinism, every planted CPU bug found,
+//! shrunk, saved once and reproduced by replay; a clean kernel stays clean.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_mqa-fuzz")
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("mqa-campaign-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn run(dir: &Path, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(bin())
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .expect("run mqa-fuzz");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn json_files(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|e| e == "json"))
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+#[test]
+fn same_seed_same_cases_and_coverage() {
+    let d = tmp("determinism");
+    let args = |r: &str| {
+        vec![
+            "run",
+            "--kernel",
+            "cpu:chunked",
+            "--profile",
+            "all",
+            "--cases",
+            "25",
+            "--seed",
+            "42",
+            "--no-replay",
+            "--quiet",
+            "--report",
+            r.to_string().leak(),
+        ]
+    };
+    let (c1, _, e1) = run(&d, &args("a"));
+    let (c2, _, e2) = run(&d, &args("b"));
+    assert_eq!(c1, 0, "{e1}");
+    assert_eq!(c2, 0, "{e2}");
+    let a = std::fs::read_to_string(d.join("a/cases.jsonl")).unwrap();
+    let b = std::fs::read_to_string(d.join("b/cases.jsonl")).unwrap();
+    assert_eq!(a.lines().count(), 25);
+    assert_eq!(a, b, "same seed must give the same case sequence");
+    let ra: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("a/report.json")).unwrap()).unwrap();
+    let rb: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("b/report.json")).unwrap()).unwrap();
+    assert_eq!(ra["coverage"], rb["coverage"]);
+    // A different seed gives different cases.
+    let (c3, _, _) = run(
+        &d,
+        &[
+            "run",
+            "--kernel",
+            "cpu:chunked",
+            "--cases",
+            "5",
+            "--seed",
+            "43",
+            "--no-replay",
+            "--quiet",
+            "--report",
+            "c",
+        ],
+    );
+    assert_eq!(c3, 0);
+    let c = std::fs::read_to_string(d.join("c/cases.jsonl")).unwrap();
+    assert_ne!(c.lines().next(), a.lines().next());
+}
+
+#[test]
+fn every_cpu_planted_bug_is_found_saved_once_and_replayed() {
+    let list = Command::new(bin())
+        .args(["kernels", "--json"])
+        .output()
+        .unwrap();
+    let kernels: serde_json::Value = serde_json::from_slice(&list.stdout).unwrap();
+    let bugs: Vec<String> = kernels
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|k| k["planted_bug"] == true && k["name"].as_str().unwrap().starts_with("cpu:"))
+        .map(|k| k["name"].as_str().unwrap().to_string())
+        .collect();
+    assert!(bugs.len() >= 12, "{bugs:?}");
+    let mut failures = Vec::new();
+    for bug in &bugs {
+        let d = tmp(&bug.replace(':', "_"));
+        let (code, stdout, stderr) = run(
+            &d,
+            &[
+                "run",
+                "--kernel",
+                bug,
+                "--budget",
+                "60s",
+                "--max-findings",
+                "1",
+                "--shrink-budget",
+                "10s",
+                "--seed",
+                "1",
+                "--corpus",
+                "corpus",
+                "--report",
+                "rep",
+                "--quiet",
+            ],
+        );
+        let files = json_files(&d.join("corpus"));
+        if code != 1 || files.len() != 1 {
+            failures.push(format!(
+                "{bug}: exit {code}, {} corpus file(s)\n{stdout}\n{stderr}",
+                files.len()
+            ));
+            continue;
+        }
+        let class = files[0]
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .split("__")
+            .nth(1)
+            .unwrap()
+            .to_string();
+        let (rc, rout, rerr) = run(&d, &["replay", files[0].to_str().unwrap(), "--kernel", bug]);
+        if rc != 1 || !rout.contains("FINDING") || !rout.contains(&class) {
+            failures.push(format!(
+                "{bug}: replay exit {rc}, expected class {class}\n{rout}\n{rerr}"
+            ));
+        }
+        // The saved case is clean on the production-style kernel.
+        let (cc, cout, _) = run(
+            &d,
+            &[
+                "replay",
+                files[0].to_str().unwrap(),
+                "--kernel",
+                "cpu:chunked",
+            ],
+        );
+        if cc != 0 {
+            failures.push(format!(
+                "{bug}: saved case is not clean on cpu:chunked: {cout}"
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n---\n"));
+}
+
+#[test]
+fn clean_kernel_campaign_exits_zero_and_writes_report() {
+    let d = tmp("clean");
+    let (code, stdout, stderr) = run(
+        &d,
+        &[
+            "run",
+            "--kernel",
+            "cpu:chunked",
+            "--cases",
+            "40",
+            "--seed",
+            "7",
+            "--no-replay",
+            "--report",
+            "rep",
+        ],
+    );
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("cpu:chunked: guard redundant on"),
+        "{stdout}"
+    );
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("rep/report.json")).unwrap()).unwrap();
+    assert_eq!(r["counts"]["cases_generated"], 40);
+    assert_eq!(r["findings"].as_array().unwrap().len(), 0);
+    assert_eq!(r["per_kernel"]["cpu:chunked"]["clean"], 40);
+    assert!(json_files(&d.join("corpus")).is_empty());
+}
