@@ -110,15 +110,25 @@ fn build(r: &RawCase) -> Case {
     let entries: Vec<i64> = (0..batch * row_stride)
         .map(|i| cycle(&r.table, i, i as i16) as i64)
         .collect();
-    let referenced = entries.iter().copied().filter(|&e| e >= 0).max().unwrap_or(0) as u64;
+    let referenced = entries
+        .iter()
+        .copied()
+        .filter(|&e| e >= 0)
+        .max()
+        .unwrap_or(0) as u64;
     let num_blocks = referenced + 1 + r.num_blocks_extra as u64 % 4;
     let bb = block_size * (head_dim + 4);
-    let kv_block_stride = bb as u64 + 4 * (r.kv_stride_pad as u64 % 4) + (r.kv_stride_pad as u64 >> 7);
+    let kv_block_stride =
+        bb as u64 + 4 * (r.kv_stride_pad as u64 % 4) + (r.kv_stride_pad as u64 >> 7);
     let max_model_len = longest.max(1) + r.model_len_slack as usize % 5;
     let out_row_stride = max_model_len + r.out_stride_pad as usize % 3;
     let rows = batch * next_n;
-    let q = (0..rows * heads * head_dim).map(|i| cycle(&r.q, i, 0x38)).collect();
-    let weights = (0..rows * heads).map(|i| cycle(&r.weights, i, 1.0)).collect();
+    let q = (0..rows * heads * head_dim)
+        .map(|i| cycle(&r.q, i, 0x38))
+        .collect();
+    let weights = (0..rows * heads)
+        .map(|i| cycle(&r.weights, i, 1.0))
+        .collect();
     let mut case = Case {
         shape,
         num_blocks,
@@ -224,10 +234,17 @@ fn check(case: &Case) {
     let mut fits = true;
     for (r, row) in reference.rows.iter().enumerate() {
         let row = row.as_ref().expect("all rows selected");
-        assert_eq!(row.value.len(), case.valid_len(r), "reference row {r} length");
+        assert_eq!(
+            row.value.len(),
+            case.valid_len(r),
+            "reference row {r} length"
+        );
         for (t, &v) in row.value.iter().enumerate() {
             if production {
-                assert!(v.is_finite(), "reference not finite at row {r} position {t}: {v}");
+                assert!(
+                    v.is_finite(),
+                    "reference not finite at row {r} position {t}: {v}"
+                );
             }
             // Leave headroom: the bound itself is computed from magnitudes near v.
             fits &= v.is_finite() && row.relu_mag[t].is_finite() && row.relu_mag[t] < 1e37;
@@ -241,7 +258,11 @@ fn check(case: &Case) {
     for (r, row) in reference.rows.iter().enumerate() {
         let row = row.as_ref().unwrap();
         for t in 0..case.max_model_len {
-            let v = row.value.get(t).map(|&v| v as f32).unwrap_or(f32::NEG_INFINITY);
+            let v = row
+                .value
+                .get(t)
+                .map(|&v| v as f32)
+                .unwrap_or(f32::NEG_INFINITY);
             out.set(r, t, v);
         }
     }
@@ -252,13 +273,21 @@ fn check(case: &Case) {
     };
     let cfg = OracleConfig::default();
     let v = oracle::judge(case, &reference, &caps, Ok((&info, &out)), &cfg);
-    assert!(v.is_clean(), "reference output judged a finding: {:?}", v.classes);
+    assert!(
+        v.is_clean(),
+        "reference output judged a finding: {:?}",
+        v.classes
+    );
     // The clean production-style CPU kernel passes too.
     if caps.rejects(case).is_none() {
         let mut out = OutputBuffer::for_case(case);
         let info = chunked.run(case, &mut out).expect("cpu:chunked runs");
         let v = oracle::judge(case, &reference, &caps, Ok((&info, &out)), &cfg);
-        assert!(v.is_clean(), "cpu:chunked judged a finding: {:?}", v.classes);
+        assert!(
+            v.is_clean(),
+            "cpu:chunked judged a finding: {:?}",
+            v.classes
+        );
     }
 }
 

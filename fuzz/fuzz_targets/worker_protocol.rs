@@ -22,7 +22,8 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(mut req) = serde_json::from_str::<RunRequest>(&line) {
         req.case = path.display().to_string();
         if let Ok((case, out)) = protocol::read_case_file(&req) {
-            case.validate().expect("a case the worker accepts validates");
+            case.validate()
+                .expect("a case the worker accepts validates");
             assert_eq!(out.interior().len(), case.rows() * case.out_row_stride);
         }
     }

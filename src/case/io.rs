@@ -279,7 +279,7 @@ fn parse_case(
     struct VersionOnly {
         format_version: Option<serde_json::Value>,
     }
-    if let Ok(v) = serde_json::from_slice::<VersionOnly>(&text) {
+    if let Ok(v) = serde_json::from_slice::<VersionOnly>(text) {
         match v.format_version {
             None => return Err(ferr(path, "format_version", "is missing")),
             Some(serde_json::Value::Number(n)) if n.as_u64() == Some(FORMAT_VERSION as u64) => {}
@@ -294,7 +294,7 @@ fn parse_case(
             }
         }
     }
-    let de = &mut serde_json::Deserializer::from_slice(&text);
+    let de = &mut serde_json::Deserializer::from_slice(text);
     let parsed: FileJson = serde_path_to_error::deserialize(de).map_err(|e| {
         let field = e.path().to_string();
         let inner = e.into_inner();

@@ -241,7 +241,11 @@ fn risky_combos() -> Vec<(u8, u8, bool, OffsetClass)> {
                 if shuffle && (bs == 0 || bs == 4) {
                     continue;
                 }
-                for off in [OffsetClass::Low, OffsetClass::Around2G, OffsetClass::Around4G] {
+                for off in [
+                    OffsetClass::Low,
+                    OffsetClass::Around2G,
+                    OffsetClass::Around4G,
+                ] {
                     v.push((bs, n, shuffle, off));
                 }
             }
@@ -260,7 +264,11 @@ fn risky_axes() -> impl Strategy<Value = (usize, usize, bool, OffsetClass)> {
             1 => 2usize..=15, 1 => Just(32usize), 1 => 17usize..=100,
         ],
         any::<bool>(),
-        weighted(vec![(4, OffsetClass::Low), (2, OffsetClass::Around2G), (2, OffsetClass::Around4G)]),
+        weighted(vec![
+            (4, OffsetClass::Low),
+            (2, OffsetClass::Around2G),
+            (2, OffsetClass::Around4G),
+        ]),
     );
     let combos = risky_combos();
     let uniform = (0..combos.len(), 3usize..=8, 2usize..=100).prop_map(move |(i, n3, other)| {
