@@ -97,7 +97,7 @@ pub enum Command {
         /// Kernel to serve (any name `mqa-fuzz kernels` lists).
         #[arg(long)]
         kernel: String,
-        /// Misbehave on purpose (tests): crash-at=N, hang-at=N, garbage-at=N, wrong-id-at=N, skew.
+        /// Misbehave on purpose (tests): crash-at=N, hang-at=N, garbage-at=N, wrong-id-at=N, fault-exit-at=N, skew.
         #[arg(long)]
         fault: Option<String>,
     },
@@ -126,9 +126,24 @@ pub enum Command {
         json: bool,
     },
 }
-
 #[derive(Subcommand, Debug)]
 pub enum Bench {
+    /// Time the exact CPU reference on three production-like cases, 1 thread vs all,
+    /// against the measured f64 FMA peak and numpy's BLAS (when numpy is installed).
+    Reference {
+        /// Threads of the "all threads" column (default: all cores).
+        #[arg(long)]
+        threads: Option<usize>,
+        /// Minimum seconds of repeats per timing.
+        #[arg(long, default_value_t = 1.0)]
+        min_seconds: f64,
+        /// Skip the numpy column.
+        #[arg(long)]
+        no_numpy: bool,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// GPU oracle: kernel time, GPU-oracle time, CPU cross-check time and verified logits/s.
     Oracle,
 }
@@ -178,6 +193,17 @@ pub fn dispatch(cli: Cli) -> Result<i32, Fatal> {
         Command::Report { dir } => crate::report::cli::cmd_report(&dir),
         Command::Merge { dirs, out } => crate::report::cli::cmd_merge(&dirs, &out),
         Command::Diff { base, cand, json } => crate::report::cli::cmd_diff(&base, &cand, json),
+        Command::Bench(Bench::Reference {
+            threads,
+            min_seconds,
+            no_numpy,
+            json,
+        }) => crate::bench::run_reference_bench(&crate::bench::ReferenceBenchOptions {
+            threads,
+            json,
+            min_seconds,
+            no_numpy,
+        }),
     }
 }
 
@@ -363,6 +389,13 @@ pub struct RunArgs {
     /// k of the downstream top-k check (V3.2: 2048, V4-Pro: 1024, V4-Flash: 512).
     #[arg(long, default_value_t = 2048)]
     pub topk: usize,
+    /// GPUs for cuda: kernels: all, or a list like 0,1 (one worker per GPU).
+    #[arg(long)]
+    pub gpus: Option<String>,
+    /// How much of each generated case the reference checks: full, sample:<fraction> (rows,
+    /// plus every boundary position) or boundaries (block, chunk and context edges only).
+    #[arg(long, default_value = "full", value_parser = |s: &str| s.parse::<crate::reference::verify::VerifyMode>())]
+    pub verify: crate::reference::verify::VerifyMode,
     /// Stop generating after this many distinct findings (e.g. 1 for a quick gate).
     #[arg(long)]
     pub max_findings: Option<usize>,
@@ -478,6 +511,10 @@ fn cmd_run(args: RunArgs) -> Result<i32, Fatal> {
     cfg.oracle.topk = args.topk;
     cfg.quiet = args.quiet;
     cfg.stop_after_findings = args.max_findings;
+    cfg.verify = args.verify;
+    if let Some(spec) = &args.gpus {
+        cfg.gpus = Some(kernel::cuda::select_gpus(spec)?);
+    }
     cfg.command_line = std::env::args().collect::<Vec<_>>().join(" ");
     let shard_txt = shard
         .map(|s| format!(", shard {}/{}", s.index, s.count))

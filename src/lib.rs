@@ -5,6 +5,7 @@
 //! generate (`generate`) → materialize (`case`) → run kernel (`kernel`) →
 //! reference (`reference`) → classify (`oracle`) → report (`report`).
 
+pub mod bench;
 pub mod campaign;
 pub mod case;
 pub mod cli;

@@ -316,3 +316,96 @@ fn deepgemm_adapter_against_a_fake_deep_gemm() {
     assert_eq!(classes(&v), vec![Class::Nan], "{v:?}");
     assert!(!v.guard.redundant);
 }
+
+fn aiter_case(layout: ValueLayout, block_size: usize) -> Case {
+    Recipe {
+        heads: 32,
+        head_dim: 64,
+        block_size,
+        layout,
+        format: Fp8Format::E4m3fnuz,
+        ..recipe(vec![300, 0, 17, 129], 2)
+    }
+    .materialize()
+}
+
+#[test]
+fn aiter_adapter_against_a_fake_aiter() {
+    require_python!("numpy", "torch");
+    let k = adapter_with_env("aiter --format e4m3fnuz", &[("PYTHONPATH", FAKES)]);
+    assert_eq!(
+        k.capabilities().scale_placement,
+        mqa_fuzz::case::ScalePlacement::InsideRelu
+    );
+    for case in [
+        aiter_case(ValueLayout::Normal, 1),
+        aiter_case(ValueLayout::Shuffle16, 16),
+        aiter_case(ValueLayout::Normal, 16),
+    ] {
+        let v = judge_once(k.as_ref(), &case);
+        assert!(v.is_clean(), "{v:?}");
+    }
+    drop(k);
+    // AITER #5591 (Preshuffle=False with bs > 1 reads token 0 of each block): caught.
+    let k = adapter_with_env(
+        "aiter --format e4m3fnuz",
+        &[("PYTHONPATH", FAKES), ("MQA_FUZZ_FAKE_BUG", "token0")],
+    );
+    assert!(judge_once(k.as_ref(), &aiter_case(ValueLayout::Shuffle16, 16)).is_clean());
+    let v = judge_once(k.as_ref(), &aiter_case(ValueLayout::Normal, 16));
+    assert!(classes(&v).contains(&Class::Mismatch), "{v:?}");
+    drop(k);
+    // The engines' guard turns a NaN in V(r) into -inf: still wrong, no longer NaN.
+    let bug = [("PYTHONPATH", FAKES), ("MQA_FUZZ_FAKE_BUG", "nan-last")];
+    let v = judge_once(
+        adapter_with_env("aiter --format e4m3fnuz", &bug).as_ref(),
+        &aiter_case(ValueLayout::Normal, 1),
+    );
+    assert_eq!(classes(&v), vec![Class::Nan]);
+    let v = judge_once(
+        adapter_with_env("aiter --format e4m3fnuz --guard", &bug).as_ref(),
+        &aiter_case(ValueLayout::Normal, 1),
+    );
+    assert_eq!(classes(&v), vec![Class::Inf]);
+}
+
+#[test]
+fn vllm_adapter_against_fake_vllm_and_aiter() {
+    require_python!("numpy", "torch");
+    let k = adapter_with_env("vllm --format e4m3fnuz", &[("PYTHONPATH", FAKES)]);
+    assert!(
+        k.version().starts_with("vllm 0.0.0+fake"),
+        "{}",
+        k.version()
+    );
+    assert!(k.version().contains("(AITER)"));
+    for case in [
+        aiter_case(ValueLayout::Normal, 1),
+        aiter_case(ValueLayout::Shuffle16, 16),
+        aiter_case(ValueLayout::Shuffle16, 16),
+    ] {
+        let v = judge_once(k.as_ref(), &case);
+        assert!(v.is_clean(), "{v:?}");
+    }
+    // vLLM passes Preshuffle = bs > 1: a normal-layout bs=16 case is not a vLLM case.
+    assert!(judge_once(k.as_ref(), &aiter_case(ValueLayout::Normal, 16))
+        .skipped
+        .is_some());
+    drop(k);
+    let bug = [("PYTHONPATH", FAKES), ("MQA_FUZZ_FAKE_BUG", "nan-last")];
+    let v = judge_once(
+        adapter_with_env("vllm --format e4m3fnuz", &bug).as_ref(),
+        &aiter_case(ValueLayout::Shuffle16, 16),
+    );
+    assert_eq!(classes(&v), vec![Class::Nan]);
+    // The torch fallback pre-fills -inf: it promises the neg_inf contract and keeps it.
+    let k = adapter_with_env(
+        "vllm --format e4m3fnuz",
+        &[("PYTHONPATH", FAKES), ("VLLM_ROCM_USE_AITER", "0")],
+    );
+    assert_eq!(
+        k.capabilities().outside,
+        mqa_fuzz::kernel::OutsideContract::NegInf
+    );
+    assert!(judge_once(k.as_ref(), &aiter_case(ValueLayout::Normal, 16)).is_clean());
+}

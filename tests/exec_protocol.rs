@@ -171,6 +171,14 @@ fn out_of_order_answer_is_a_crash() {
 }
 
 #[test]
+fn crash_answer_then_exit_is_not_blamed_on_the_next_case() {
+    // Seen with DeepGEMM on the H200: the adapter answers `crash` for an illegal address
+    // and exits; the next case must run on a fresh worker, not report "worker exited".
+    let r = misbehaving("fault-exit-at=2", Duration::from_secs(60));
+    assert_second_crashed(&r, &["simulated illegal memory access"]);
+}
+
+#[test]
 fn crash_mid_campaign_is_judged_as_a_crash_finding() {
     let k = start("cpu:chunked", Some("crash-at=2"), Duration::from_secs(60));
     let verdicts: Vec<_> = cases().iter().map(|c| judge_once(&k, c)).collect();

@@ -50,6 +50,10 @@ pub struct Config {
     pub command_line: String,
     /// Stop generating once this many distinct findings were made (selftest).
     pub stop_after_findings: Option<usize>,
+    /// GPUs for `cuda:` kernels (`--gpus`); `None`: all visible.
+    pub gpus: Option<Vec<usize>>,
+    /// How much of each generated case the reference checks.
+    pub verify: crate::reference::verify::VerifyMode,
 }
 
 impl Config {
@@ -72,6 +76,8 @@ impl Config {
             quiet: false,
             command_line: String::new(),
             stop_after_findings: None,
+            gpus: None,
+            verify: crate::reference::verify::VerifyMode::Full,
         }
     }
 }
@@ -169,7 +175,8 @@ impl Engine<'_> {
                 kernel_secs: Vec::new(),
             };
         }
-        let mut refs = ReferenceCache::new(&case);
+        let mut refs =
+            ReferenceCache::with_selection(&case, self.cfg.verify.selection(&case, seed));
         let mut verdicts = Vec::new();
         let mut outputs = Vec::new();
         let mut kernel_secs = Vec::new();
@@ -301,7 +308,10 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
     let kernels: Vec<Box<dyn Kernel>> = cfg
         .kernels
         .iter()
-        .map(|k| kernel::open(k))
+        .map(|k| match &cfg.gpus {
+            Some(g) => kernel::cuda::open_on_gpus(k, g).unwrap_or_else(|| kernel::open(k)),
+            None => kernel::open(k),
+        })
         .collect::<Result<_, _>>()?;
     let corpus = if cfg.replay_corpus {
         corpus::load_all(&cfg.corpus_dir)?

@@ -221,9 +221,14 @@ pub fn open(name: &str) -> Result<Box<dyn Kernel>, OpenError> {
     open_extra(name)
 }
 
-/// The best built-in kernel this machine can run (`run` with no `--kernel`).
+/// The best built-in kernel this machine can run (`run` with no `--kernel`): the
+/// production-style CUDA kernel when a GPU is usable, else the CPU one.
 pub fn default_kernel_name() -> &'static str {
-    "cpu:chunked"
+    if cuda::device::availability().is_ok_and(|n| n > 0) {
+        "cuda:tiled"
+    } else {
+        "cpu:chunked"
+    }
 }
 
 fn extra_entries() -> Vec<KernelEntry> {

@@ -390,36 +390,26 @@ pub fn judge(
             // sampled verdict is never "clean" while the guard says it is needed.
             if affected {
                 for (t, &got) in row[..len].iter().enumerate() {
-                    if got.is_finite() {
-                        continue;
-                    }
-                    let (exp, relu_mag, abs_mag) =
-                        crate::reference::element(case, reference.placement, r, t);
-                    match classify(got, exp, relu_mag, &bound, || abs_mag) {
-                        ElementClass::Finding(c) => {
-                            let ex = Offender {
-                                class: c,
-                                row: Some(r),
-                                pos: Some(t),
-                                expected: Some(exp),
-                                got: Some(show_f32(got)),
-                                bound: Some(bound.full(relu_mag, abs_mag)),
-                                detail: Some("row outside the reference sample".into()),
-                            };
-                            v.add(c, 1, Some(ex), cfg.max_examples);
-                        }
-                        ElementClass::Undefined => v.hostile.undefined += 1,
-                        ElementClass::Ok => {}
-                    }
+                    judge_outside_sample(&mut v, case, reference, &bound, cfg, r, t, got);
                 }
             }
             continue;
         };
         v.metrics.rows_checked += 1;
-        for (t, &got) in row[..len].iter().enumerate() {
-            let exp = rref.value[t];
+        // The same for the positions a sampled row's reference leaves out.
+        if let (true, Some(positions)) = (affected, rref.positions.as_deref()) {
+            let mut listed = positions.iter().peekable();
+            for (t, &got) in row[..len].iter().enumerate() {
+                if listed.next_if_eq(&&t).is_none() {
+                    judge_outside_sample(&mut v, case, reference, &bound, cfg, r, t, got);
+                }
+            }
+        }
+        // Dense rows hold every position of V(r); sampled rows only theirs.
+        for (t, exp, relu_mag) in rref.elements().take_while(|&(t, _, _)| t < len) {
+            let got = row[t];
             let mut full_bound = None;
-            let class = classify(got, exp, rref.relu_mag[t], &bound, || {
+            let class = classify(got, exp, relu_mag, &bound, || {
                 let (_, m, a) = crate::reference::element(case, reference.placement, r, t);
                 let b = bound.full(m, a);
                 full_bound = Some(b);
@@ -430,7 +420,18 @@ pub fn judge(
                     v.metrics.checked += 1;
                     let err = (got as f64 - exp).abs();
                     v.metrics.max_abs_err = v.metrics.max_abs_err.max(err);
-                    let b = full_bound.unwrap_or_else(|| bound.lower(rref.relu_mag[t]));
+                    // The cheap lower bound accepted it; for the reported ratio use the
+                    // full bound whenever the error is a noticeable part of the cheap
+                    // one, so "max err/bound" is not inflated by the cheap shortcut.
+                    let b = full_bound.unwrap_or_else(|| {
+                        let lo = bound.lower(relu_mag);
+                        if err > 0.25 * lo {
+                            let (_, m, a) = crate::reference::element(case, reference.placement, r, t);
+                            bound.full(m, a)
+                        } else {
+                            lo
+                        }
+                    });
                     if b > 0.0 {
                         v.metrics.max_err_over_bound = v.metrics.max_err_over_bound.max(err / b);
                     }
@@ -476,8 +477,8 @@ pub fn judge(
                 }
             }
         }
-        // Downstream top-k for rows longer than k.
-        if cfg.topk > 0 && len > cfg.topk {
+        // Downstream top-k for rows longer than k (needs the whole row's reference).
+        if cfg.topk > 0 && len > cfg.topk && rref.is_dense() {
             v.topk.rows_checked += 1;
             if let TopKOutcome::Inconsistent { detail } =
                 topk_consistent(&row[..len], rref, &bound, cfg.topk, |t| {
@@ -533,6 +534,42 @@ pub fn judge(
         );
     }
     v
+}
+
+/// Judges one element of V(r) that the reference sample left out: finite values go
+/// unjudged; NaN, ±inf and surviving poison are classified against that one element's
+/// plain reference.
+#[allow(clippy::too_many_arguments)]
+fn judge_outside_sample(
+    v: &mut Verdict,
+    case: &Case,
+    reference: &Reference,
+    bound: &ErrorBound,
+    cfg: &OracleConfig,
+    r: usize,
+    t: usize,
+    got: f32,
+) {
+    if got.is_finite() {
+        return;
+    }
+    let (exp, relu_mag, abs_mag) = crate::reference::element(case, reference.placement, r, t);
+    match classify(got, exp, relu_mag, bound, || abs_mag) {
+        ElementClass::Finding(c) => {
+            let ex = Offender {
+                class: c,
+                row: Some(r),
+                pos: Some(t),
+                expected: Some(exp),
+                got: Some(show_f32(got)),
+                bound: Some(bound.full(relu_mag, abs_mag)),
+                detail: Some("element outside the reference sample".into()),
+            };
+            v.add(c, 1, Some(ex), cfg.max_examples);
+        }
+        ElementClass::Undefined => v.hostile.undefined += 1,
+        ElementClass::Ok => {}
+    }
 }
 
 /// Bitwise comparison of two runs over V(r): the number of differing elements and

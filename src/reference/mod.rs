@@ -9,10 +9,18 @@
 //! Besides the value, each element carries the magnitude terms of its error bound
 //! (see `oracle::ErrorBound`).
 
+pub mod fast;
+pub mod verify;
+
+pub use fast::Backend;
+pub use verify::{fraction_checked, VerifyMode};
+
 use crate::case::{Case, ScalePlacement};
 use rayon::prelude::*;
+use std::collections::BTreeMap;
 
-/// Reference values of one row, for positions `0..valid_len(r)`.
+/// Reference values of one row: for positions `0..valid_len(r)` (dense), or for the
+/// listed `positions` only (sampled verification).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct RowReference {
     /// Exact logit (f64 of the exact dots, then weights and scale).
@@ -20,6 +28,26 @@ pub struct RowReference {
     /// `Σ_h |w_h · relu_term_h|`, the magnitude the head sum and final multiplies round
     /// against (`relu_term = |s|·relu(dot)` or `relu(s·dot)` by placement).
     pub relu_mag: Vec<f64>,
+    /// `None`: dense, `value[t]` is position `t`. `Some(p)`: `value[j]` is position
+    /// `p[j]` (sorted, unique, inside V(r)).
+    pub positions: Option<Vec<usize>>,
+}
+
+impl RowReference {
+    /// Whether every position of V(r) is present.
+    pub fn is_dense(&self) -> bool {
+        self.positions.is_none()
+    }
+
+    /// `(position, value, relu_mag)` of every computed element.
+    pub fn elements(&self) -> impl Iterator<Item = (usize, f64, f64)> + '_ {
+        let pos = self.positions.as_deref();
+        self.value
+            .iter()
+            .zip(&self.relu_mag)
+            .enumerate()
+            .map(move |(j, (&v, &m))| (pos.map_or(j, |p| p[j]), v, m))
+    }
 }
 
 /// The reference of a whole case, or of the rows that were selected.
@@ -30,11 +58,22 @@ pub struct Reference {
     pub rows: Vec<Option<RowReference>>,
 }
 
-/// Which rows to compute.
+/// Which rows (and positions) to compute.
 #[derive(Clone, Debug, PartialEq)]
 pub enum RowSelection {
     All,
     Rows(Vec<usize>),
+    /// Per row, the positions to compute; rows not listed are not computed.
+    Positions(BTreeMap<usize, PositionSet>),
+}
+
+/// The positions of one row to compute.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PositionSet {
+    /// All of V(r).
+    All,
+    /// These (any order, duplicates and positions outside V(r) ignored).
+    Some(Vec<usize>),
 }
 
 /// ReLU that keeps NaN (Rust's `f64::max(NaN, 0)` would return 0 and hide it).
@@ -72,24 +111,74 @@ pub fn combine(placement: ScalePlacement, weights: &[f32], dots: &[f64], scale: 
     }
 }
 
-/// Computes the reference for the selected rows, rayon over rows.
+/// Computes the reference for the selected rows and positions: the fast exact path
+/// ([`fast`]), one fused GEMM per sequence, rayon over (sequence, token chunk).
 pub fn compute(case: &Case, placement: ScalePlacement, sel: &RowSelection) -> Reference {
+    compute_with(case, placement, sel, Backend::Fused)
+}
+
+/// [`compute`] with a chosen GEMM backend (for benchmarks).
+pub fn compute_with(
+    case: &Case,
+    placement: ScalePlacement,
+    sel: &RowSelection,
+    backend: Backend,
+) -> Reference {
+    let wants = wants(case, sel);
+    Reference {
+        placement,
+        rows: fast::compute(case, placement, &wants, backend),
+    }
+}
+
+/// Per row: not computed, dense, or the sorted positions inside V(r).
+pub(crate) fn wants(case: &Case, sel: &RowSelection) -> Vec<Option<fast::Want>> {
     let rows = case.rows();
-    let want: Vec<bool> = match sel {
-        RowSelection::All => vec![true; rows],
+    let mut w = vec![None; rows];
+    match sel {
+        RowSelection::All => w.iter_mut().for_each(|x| *x = Some(fast::Want::Dense)),
         RowSelection::Rows(v) => {
-            let mut w = vec![false; rows];
-            for &r in v {
-                if r < rows {
-                    w[r] = true;
-                }
+            for &r in v.iter().filter(|&&r| r < rows) {
+                w[r] = Some(fast::Want::Dense);
             }
-            w
         }
-    };
-    let out = (0..rows)
+        RowSelection::Positions(map) => {
+            for (&r, set) in map.range(..rows) {
+                w[r] = Some(match set {
+                    PositionSet::All => fast::Want::Dense,
+                    PositionSet::Some(p) => {
+                        let len = case.valid_len(r);
+                        let mut p: Vec<usize> = p.iter().copied().filter(|&t| t < len).collect();
+                        p.sort_unstable();
+                        p.dedup();
+                        fast::Want::Sparse(p)
+                    }
+                });
+            }
+        }
+    }
+    w
+}
+
+/// The simple reference: [`compute_row`] per selected row, rayon over rows. Slow; the
+/// fast path is tested bit for bit against it.
+pub fn compute_simple(case: &Case, placement: ScalePlacement, sel: &RowSelection) -> Reference {
+    let wants = wants(case, sel);
+    let out = (0..case.rows())
         .into_par_iter()
-        .map(|r| want[r].then(|| compute_row(case, placement, r)))
+        .map(|r| {
+            wants[r].as_ref().map(|w| {
+                let full = compute_row(case, placement, r);
+                match w {
+                    fast::Want::Dense => full,
+                    fast::Want::Sparse(p) => RowReference {
+                        value: p.iter().map(|&t| full.value[t]).collect(),
+                        relu_mag: p.iter().map(|&t| full.relu_mag[t]).collect(),
+                        positions: Some(p.clone()),
+                    },
+                }
+            })
+        })
         .collect();
     Reference {
         placement,
@@ -129,7 +218,11 @@ pub fn compute_row(case: &Case, placement: ScalePlacement, r: usize) -> RowRefer
         value.push(v);
         relu_mag.push(m);
     }
-    RowReference { value, relu_mag }
+    RowReference {
+        value,
+        relu_mag,
+        positions: None,
+    }
 }
 
 /// Dot product of decoded fp8 vectors with eight independent accumulators. Every

@@ -113,6 +113,7 @@ pub fn compute_timed(
         .map(|r| {
             let (a, b) = (row_off[r] as usize, row_off[r + 1] as usize);
             Some(RowReference {
+                positions: None,
                 value: v[a..b].to_vec(),
                 relu_mag: m[a..b].to_vec(),
             })

@@ -494,7 +494,15 @@ impl ExecKernel {
                     message,
                 } if got == id => {
                     return Err(match kind {
-                        ErrorKind::Crash => RunError::Crash(message),
+                        ErrorKind::Crash => {
+                            // A kernel that crashed may have left its device context
+                            // unusable, and adapters exit after a device fault: the next
+                            // case gets a fresh worker, so it is never blamed for this one.
+                            if let Some(w) = slot.worker.take() {
+                                w.shut_down();
+                            }
+                            RunError::Crash(message)
+                        }
                         ErrorKind::Skipped => RunError::Skipped(message),
                         ErrorKind::Environment => RunError::Environment(message),
                     });

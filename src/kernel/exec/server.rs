@@ -23,6 +23,9 @@ pub enum Fault {
     GarbageAt(u64),
     /// Answer request N with another id.
     WrongIdAt(u64),
+    /// Answer request N with a `crash` error, then exit (what adapters do after a
+    /// device fault).
+    FaultExitAt(u64),
     /// Announce protocol version 2.
     Skew,
 }
@@ -43,8 +46,9 @@ impl Fault {
             "hang-at" => Ok(Fault::HangAt(n)),
             "garbage-at" => Ok(Fault::GarbageAt(n)),
             "wrong-id-at" => Ok(Fault::WrongIdAt(n)),
+            "fault-exit-at" => Ok(Fault::FaultExitAt(n)),
             _ => Err(format!(
-                "--fault {s:?}: kinds are crash-at, hang-at, garbage-at, wrong-id-at, skew"
+                "--fault {s:?}: kinds are crash-at, hang-at, garbage-at, wrong-id-at, fault-exit-at, skew"
             )),
         }
     }
@@ -145,6 +149,17 @@ pub fn serve(kernel_name: &str, fault: Option<Fault>) -> Result<i32, Fatal> {
                     .map_err(io)?;
                 out.flush().map_err(io)?;
                 continue;
+            }
+            Some(Fault::FaultExitAt(n)) if n == served => {
+                let message = "fault injection: simulated illegal memory access".to_string();
+                let line = WorkerLine::Error {
+                    id: Some(req.id),
+                    kind: ErrorKind::Crash,
+                    message,
+                };
+                send(&mut out, &line).map_err(io)?;
+                eprintln!("mqa-fuzz worker: fault injection: exiting after a device fault on request {served}");
+                std::process::exit(1);
             }
             _ => {}
         }
