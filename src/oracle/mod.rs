@@ -426,7 +426,8 @@ pub fn judge(
                     let b = full_bound.unwrap_or_else(|| {
                         let lo = bound.lower(relu_mag);
                         if err > 0.25 * lo {
-                            let (_, m, a) = crate::reference::element(case, reference.placement, r, t);
+                            let (_, m, a) =
+                                crate::reference::element(case, reference.placement, r, t);
                             bound.full(m, a)
                         } else {
                             lo
