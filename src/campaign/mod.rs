@@ -324,6 +324,7 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
             cfg.report_dir.display()
         ))
     })?;
+    check_writable(&cfg.report_dir)?;
     interrupt::install();
 
     let engine = Engine {
@@ -559,6 +560,14 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
                         r.seed
                     ));
                     let t_shrink = Instant::now();
+                    // The campaign budget is a deadline CI relies on: shrinking gets what is
+                    // left of it (at least a second, so a late finding is still simplified
+                    // a little), never the full per-finding budget past the deadline.
+                    let shrink_budget = deadline.map_or(cfg.shrink_budget, |d| {
+                        d.saturating_duration_since(Instant::now())
+                            .max(Duration::from_secs(1))
+                            .min(cfg.shrink_budget)
+                    });
                     let shrunk = if cfg.shrink {
                         shrink::shrink(
                             &engine,
@@ -567,7 +576,7 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
                             r.seed,
                             &r.case,
                             &r.verdicts[ki],
-                            cfg.shrink_budget,
+                            shrink_budget,
                         )
                     } else {
                         shrink::Shrunk {
@@ -700,6 +709,20 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
         detections,
         exit_code: if any_finding { 1 } else { 0 },
     })
+}
+
+/// Fails before the campaign starts when the report directory cannot take a file (read
+/// only, full disk, not a directory), instead of after hours of fuzzing.
+fn check_writable(dir: &Path) -> Result<(), Fatal> {
+    let probe = dir.join(".mqa-fuzz-write-probe");
+    crate::util::write_atomic(&probe, b"probe\n")
+        .and_then(|()| std::fs::remove_file(&probe))
+        .map_err(|e| {
+            Fatal::usage(format!(
+                "{}: report directory is not writable: {e}",
+                dir.display()
+            ))
+        })
 }
 
 /// The recipe without its bulky parts, for `cases.jsonl`.

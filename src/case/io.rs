@@ -221,6 +221,48 @@ pub fn load_case_file(path: &Path) -> Result<CaseFile, CaseFileError> {
         ));
     }
     let text = std::fs::read(path).map_err(|e| ferr(path, "file", e.to_string()))?;
+    parse_case(path, &text, &mut |st_path: &Path| read_tensor_file(st_path))
+}
+
+/// Parses and validates a corpus file already in memory: `json` is the file, `tensors`
+/// the sibling safetensors file when the JSON names one. `path` only names the file in
+/// errors. Loading from disk goes through here too, so fuzzing this function covers
+/// every check [`load_case_file`] makes after reading the bytes.
+pub fn load_case_bytes(
+    path: &Path,
+    json: &[u8],
+    tensors: Option<&[u8]>,
+) -> Result<CaseFile, CaseFileError> {
+    parse_case(path, json, &mut |st_path: &Path| {
+        tensors
+            .map(<[u8]>::to_vec)
+            .ok_or_else(|| ferr(st_path, "file", "no tensor file given"))
+    })
+}
+
+/// Reads a sibling safetensors file, refusing absurd sizes before reading.
+fn read_tensor_file(path: &Path) -> Result<Vec<u8>, CaseFileError> {
+    let meta = std::fs::metadata(path).map_err(|e| ferr(path, "file", e.to_string()))?;
+    if meta.len() > MAX_TENSOR_BYTES {
+        return Err(ferr(
+            path,
+            "file",
+            format!(
+                "{} bytes is above the {MAX_TENSOR_BYTES}-byte limit",
+                meta.len()
+            ),
+        ));
+    }
+    std::fs::read(path).map_err(|e| ferr(path, "file", e.to_string()))
+}
+
+type TensorSource<'a> = dyn FnMut(&Path) -> Result<Vec<u8>, CaseFileError> + 'a;
+
+fn parse_case(
+    path: &Path,
+    text: &[u8],
+    tensors: &mut TensorSource,
+) -> Result<CaseFile, CaseFileError> {
     if text.iter().all(|b| b.is_ascii_whitespace()) {
         return Err(ferr(path, "file", "is empty"));
     }
@@ -237,7 +279,7 @@ pub fn load_case_file(path: &Path) -> Result<CaseFile, CaseFileError> {
     struct VersionOnly {
         format_version: Option<serde_json::Value>,
     }
-    if let Ok(v) = serde_json::from_slice::<VersionOnly>(&text) {
+    if let Ok(v) = serde_json::from_slice::<VersionOnly>(text) {
         match v.format_version {
             None => return Err(ferr(path, "format_version", "is missing")),
             Some(serde_json::Value::Number(n)) if n.as_u64() == Some(FORMAT_VERSION as u64) => {}
@@ -252,7 +294,7 @@ pub fn load_case_file(path: &Path) -> Result<CaseFile, CaseFileError> {
             }
         }
     }
-    let de = &mut serde_json::Deserializer::from_slice(&text);
+    let de = &mut serde_json::Deserializer::from_slice(text);
     let parsed: FileJson = serde_path_to_error::deserialize(de).map_err(|e| {
         let field = e.path().to_string();
         let inner = e.into_inner();
@@ -271,7 +313,7 @@ pub fn load_case_file(path: &Path) -> Result<CaseFile, CaseFileError> {
             msg,
         )
     })?;
-    let case = case_from_json(path, parsed.case)?;
+    let case = case_from_json(path, parsed.case, tensors)?;
     case.validate()
         .map_err(|e| ferr(path, format!("case.{}", e.field), e.message))?;
     Ok(CaseFile {
@@ -281,7 +323,11 @@ pub fn load_case_file(path: &Path) -> Result<CaseFile, CaseFileError> {
     })
 }
 
-fn case_from_json(path: &Path, c: CaseJson) -> Result<Case, CaseFileError> {
+fn case_from_json(
+    path: &Path,
+    c: CaseJson,
+    tensors: &mut TensorSource,
+) -> Result<Case, CaseFileError> {
     let shape = Shape {
         batch: c.batch,
         next_n: c.next_n,
@@ -350,7 +396,9 @@ fn case_from_json(path: &Path, c: CaseJson) -> Result<Case, CaseFileError> {
                 )
             })?;
             // Name the JSON file (what the user passed) and the tensor file with its field.
-            load_tensors(&st_path, &mut case).map_err(|e| {
+            let loaded =
+                tensors(&st_path).and_then(|bytes| load_tensors(&st_path, &bytes, &mut case));
+            loaded.map_err(|e| {
                 ferr(
                     path,
                     format!(
@@ -374,21 +422,9 @@ fn sibling(json_path: &Path, rel: &str) -> Option<PathBuf> {
     Some(json_path.parent().unwrap_or(Path::new(".")).join(p))
 }
 
-fn load_tensors(path: &Path, case: &mut Case) -> Result<(), CaseFileError> {
+fn load_tensors(path: &Path, bytes: &[u8], case: &mut Case) -> Result<(), CaseFileError> {
     use safetensors::{Dtype, SafeTensors};
-    let meta = std::fs::metadata(path).map_err(|e| ferr(path, "file", e.to_string()))?;
-    if meta.len() > MAX_TENSOR_BYTES {
-        return Err(ferr(
-            path,
-            "file",
-            format!(
-                "{} bytes is above the {MAX_TENSOR_BYTES}-byte limit",
-                meta.len()
-            ),
-        ));
-    }
-    let bytes = std::fs::read(path).map_err(|e| ferr(path, "file", e.to_string()))?;
-    let st = SafeTensors::deserialize(&bytes).map_err(|e| ferr(path, "header", e.to_string()))?;
+    let st = SafeTensors::deserialize(bytes).map_err(|e| ferr(path, "header", e.to_string()))?;
     let get = |name: &str, dtype: Dtype| -> Result<(Vec<usize>, &[u8]), CaseFileError> {
         let t = st
             .tensor(name)

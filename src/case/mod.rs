@@ -9,9 +9,10 @@ mod io;
 mod validate;
 
 pub use io::{
-    load_case_file, save_case_file, tensors_to_safetensors, CaseFile, CaseFileError, Expected,
-    Provenance, FORMAT_VERSION,
+    load_case_bytes, load_case_file, save_case_file, tensors_to_safetensors, CaseFile,
+    CaseFileError, Expected, Provenance, FORMAT_VERSION,
 };
+pub(crate) use validate::validate_shape_dims;
 pub use validate::{CaseError, MAX_NEXT_N};
 
 use crate::fp8::Fp8Format;

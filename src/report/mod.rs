@@ -95,9 +95,28 @@ pub fn report_path(dir: &Path) -> PathBuf {
 /// (`reports/x/report.json: field findings[0].verdict.metrics: ...`).
 pub fn load(dir: &Path) -> Result<Report, Fatal> {
     let path = report_path(dir);
-    let text = std::fs::read_to_string(&path)
+    let len = std::fs::metadata(&path)
+        .map_err(|e| Fatal::usage(format!("{}: cannot read: {e}", path.display())))?
+        .len();
+    if len > MAX_REPORT_BYTES {
+        return Err(Fatal::usage(format!(
+            "{}: file: {len} bytes is above the {MAX_REPORT_BYTES}-byte limit",
+            path.display()
+        )));
+    }
+    let text = std::fs::read(&path)
         .map_err(|e| Fatal::usage(format!("{}: cannot read: {e}", path.display())))?;
-    let de = &mut serde_json::Deserializer::from_str(&text);
+    parse(&path, &text)
+}
+
+/// Largest `report.json` read: far above any real report (findings are deduplicated),
+/// so a wrong or hostile file is refused before it is read into memory.
+pub const MAX_REPORT_BYTES: u64 = 1 << 30;
+
+/// Parses a report already in memory; `path` only names the file in errors. [`load`]
+/// goes through here, so fuzzing this covers every check it makes.
+pub fn parse(path: &Path, text: &[u8]) -> Result<Report, Fatal> {
+    let de = &mut serde_json::Deserializer::from_slice(text);
     let report: Report = serde_path_to_error::deserialize(de).map_err(|e| {
         let field = e.path().to_string();
         let field = if field == "." || field.is_empty() {

@@ -286,6 +286,26 @@ pub fn read_case_file(req: &RunRequest) -> Result<(Case, OutputBuffer), String> 
         layout: req.layout,
         format: req.format,
     };
+    // Dimensions first: the sizes below are computed from them (no overflow, no
+    // absurd allocation from a hostile request).
+    let dims = Case {
+        shape: shape.clone(),
+        num_blocks: req.num_blocks,
+        kv_block_stride: req.kv_block_stride,
+        context_lens: ContextLens::PerSequence(Vec::new()),
+        block_table: BlockTable {
+            max_blocks: req.max_blocks,
+            row_stride: req.block_table_stride,
+            entries: Vec::new(),
+        },
+        max_model_len: req.max_model_len,
+        out_row_stride: req.out_row_stride,
+        q: Vec::new(),
+        weights: Vec::new(),
+        kv: SparseKvCache::default(),
+    };
+    crate::case::validate_shape_dims(&dims)
+        .map_err(|e| at(format!("invalid case: {}: {}", e.field, e.message)))?;
     let expect = |name: &str, got: &[usize], want: &[usize]| {
         if got != want {
             Err(at(format!(
@@ -306,17 +326,25 @@ pub fn read_case_file(req: &RunRequest) -> Result<(Case, OutputBuffer), String> 
     let (ts, table) = r.i32s("block_table").map_err(at)?;
     expect("block_table", &ts, &[shape.batch, req.block_table_stride])?;
     let (is, ids) = r.i64s("kv_block_ids").map_err(at)?;
+    // One id per block: a 2-D id tensor (or any other shape) would index past the
+    // blocks below.
+    if is.len() != 1 {
+        return Err(at(format!(
+            "tensor kv_block_ids has shape {is:?}, expected one dimension"
+        )));
+    }
     let (bs_shape, blocks) = r.bytes("kv_blocks").map_err(at)?;
-    let n = *is.first().unwrap_or(&0);
+    let n = is[0];
     expect("kv_blocks", &bs_shape, &[n, shape.block_bytes()])?;
     let mut kv = SparseKvCache::default();
-    for (k, &id) in ids.iter().enumerate() {
+    let bb = shape.block_bytes();
+    for (k, (&id, block)) in ids.iter().zip(blocks.chunks_exact(bb.max(1))).enumerate() {
         if id < 0 {
             return Err(at(format!("kv_block_ids[{k}] = {id} is negative")));
         }
-        let bb = shape.block_bytes();
-        kv.blocks
-            .insert(id as u64, blocks[k * bb..(k + 1) * bb].to_vec());
+        if kv.blocks.insert(id as u64, block.to_vec()).is_some() {
+            return Err(at(format!("kv_block_ids[{k}] = {id} is given twice")));
+        }
     }
     let context_lens = match &req.context_lens {
         LensWire::PerSequence(v) => ContextLens::PerSequence(v.clone()),
