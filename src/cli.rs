@@ -439,23 +439,9 @@ fn parse_seed(s: &str) -> Result<u64, String> {
     r.map_err(|_| format!("{s:?} is not a seed (a decimal or 0x-hex 64-bit integer)"))
 }
 
-/// Parses `I/N` with 0 <= I < N.
+/// Parses `I/N` with 0 <= I < N (the one parser lives with [`Shard`]).
 pub fn parse_shard(s: &str) -> Result<Shard, String> {
-    let (i, n) = s
-        .split_once('/')
-        .ok_or_else(|| format!("{s:?} is not a shard like 0/4"))?;
-    let index: u32 = i
-        .trim()
-        .parse()
-        .map_err(|_| format!("shard index {i:?} is not a number"))?;
-    let count: u32 = n
-        .trim()
-        .parse()
-        .map_err(|_| format!("shard count {n:?} is not a number"))?;
-    if count == 0 || index >= count {
-        return Err(format!("shard {s:?}: need 0 <= index < count"));
-    }
-    Ok(Shard { index, count })
+    s.parse()
 }
 
 /// Shard from a Slurm job array or a Kubernetes indexed Job, when present (see
