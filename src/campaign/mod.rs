@@ -12,7 +12,8 @@ mod shrink;
 
 use crate::case::{Case, CaseFile, Provenance};
 use crate::error::Fatal;
-use crate::generate::{draw_strategy, Draw, Profile, Recipe};
+use crate::generate::strategy::draw_strategy_for_case;
+use crate::generate::{Draw, Profile, Recipe};
 use crate::harness::{self, ReferenceCache};
 use crate::kernel::{self, Kernel};
 use crate::oracle::{Class, OracleConfig, Verdict};
@@ -137,7 +138,7 @@ struct CaseResult {
 struct Engine<'a> {
     cfg: &'a Config,
     kernels: Vec<Box<dyn Kernel>>,
-    strategy: SBoxedStrategy<Draw>,
+    profile: Profile,
 }
 
 impl Engine<'_> {
@@ -154,7 +155,7 @@ impl Engine<'_> {
 
     fn run_case(&self, k: u64, seed: u64) -> CaseResult {
         let t0 = Instant::now();
-        let draw = value_tree(&self.strategy, seed).current();
+        let draw = value_tree(&draw_strategy_for_case(self.profile, k), seed).current();
         let (recipe, case, adjustments) = self.materialize(&draw);
         let generate_secs = t0.elapsed().as_secs_f64();
         if let Err(e) = case.validate() {
@@ -330,7 +331,7 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
     let engine = Engine {
         cfg,
         kernels,
-        strategy: draw_strategy(cfg.profile),
+        profile: cfg.profile,
     };
     let caps = engine.caps();
     let mut report = Report {
@@ -573,7 +574,7 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
                             &engine,
                             kern,
                             class,
-                            r.seed,
+                            (r.k, r.seed),
                             &r.case,
                             &r.verdicts[ki],
                             shrink_budget,

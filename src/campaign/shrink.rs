@@ -28,13 +28,16 @@ pub(super) fn shrink(
     engine: &Engine,
     kern: &dyn Kernel,
     class: Class,
-    seed: u64,
+    (k, seed): (u64, u64),
     case: &Case,
     verdict: &Verdict,
     budget: Duration,
 ) -> Shrunk {
     let start = Instant::now();
-    let mut tree = value_tree(&engine.strategy, seed);
+    let mut tree = value_tree(
+        &crate::generate::strategy::draw_strategy_for_case(engine.profile, k),
+        seed,
+    );
     let (recipe, _, _) = engine.materialize(&tree.current());
     let mut best = Shrunk {
         recipe,

@@ -152,11 +152,18 @@ fn per_token(max_rows: usize) -> impl Strategy<Value = Option<Vec<i8>>> {
 
 /// The strategy of one profile (`All` mixes the other three).
 pub fn draw_strategy(profile: Profile) -> SBoxedStrategy<Draw> {
+    draw_strategy_for_case(profile, 0)
+}
+
+/// The strategy for case `k` of a campaign: the stratified branch of the risky axes
+/// takes combination `k mod 74`, so a campaign of a few hundred cases reaches every
+/// combination (uniform draws would leave a coupon-collector tail).
+pub fn draw_strategy_for_case(profile: Profile, k: u64) -> SBoxedStrategy<Draw> {
     match profile {
         Profile::Production => production().sboxed(),
-        Profile::Layout => layout(false).sboxed(),
+        Profile::Layout => layout(false, k).sboxed(),
         Profile::Hostile => prop_oneof![
-            layout(true),
+            layout(true, k),
             production().prop_map(|mut d| {
                 d.values = ValueKind::Hostile;
                 d
@@ -164,9 +171,9 @@ pub fn draw_strategy(profile: Profile) -> SBoxedStrategy<Draw> {
         ]
         .sboxed(),
         Profile::All => prop_oneof![
-            2 => layout(false),
+            2 => layout(false, k),
             1 => production(),
-            1 => layout(true),
+            1 => layout(true, k),
         ]
         .sboxed(),
     }
@@ -256,7 +263,7 @@ fn risky_combos() -> Vec<(u8, u8, bool, OffsetClass)> {
 
 /// (next_n, block_size, shuffle16, offsets): independent and edge-biased, or one of the
 /// risky combinations drawn uniformly.
-fn risky_axes() -> impl Strategy<Value = (usize, usize, bool, OffsetClass)> {
+fn risky_axes(k: u64) -> impl Strategy<Value = (usize, usize, bool, OffsetClass)> {
     let independent = (
         prop_oneof![4 => Just(1usize), 4 => Just(2usize), 2 => 3usize..=5, 1 => 6usize..=8],
         prop_oneof![
@@ -271,7 +278,8 @@ fn risky_axes() -> impl Strategy<Value = (usize, usize, bool, OffsetClass)> {
         ]),
     );
     let combos = risky_combos();
-    let uniform = (0..combos.len(), 3usize..=8, 2usize..=100).prop_map(move |(i, n3, other)| {
+    let i = (k % combos.len() as u64) as usize;
+    let uniform = (3usize..=8, 2usize..=100).prop_map(move |(n3, other)| {
         let (bs, n, shuffle, off) = combos[i];
         let block_size = match bs {
             0 => 1,
@@ -293,12 +301,12 @@ fn risky_axes() -> impl Strategy<Value = (usize, usize, bool, OffsetClass)> {
         };
         (next_n, block_size, shuffle, off)
     });
-    prop_oneof![1 => independent, 1 => uniform]
+    prop_oneof![1 => independent, 3 => uniform]
 }
 
-fn layout(hostile: bool) -> impl Strategy<Value = Draw> {
+fn layout(hostile: bool, k: u64) -> impl Strategy<Value = Draw> {
     let shape = (
-        risky_axes(),
+        risky_axes(k),
         prop_oneof![4 => Just(1usize), 2 => Just(2usize), 2 => Just(4usize), 1 => Just(8usize), 1 => Just(16usize)],
         weighted(vec![(2, 16usize), (2, 32), (1, 64), (1, 128)]),
         formats(),
