@@ -15,15 +15,35 @@
 // 8) to f64 registers once and sweeps every row and head in m-tiles of 8. Thread t of
 // a quad owns dims t*D/4 .. t*D/4 + D/4 - 1 (k-step s -> dim t*D/4 + s); the queries
 // are stored permuted (s*4 + t, rows padded to D+4) so the loads are conflict-free.
+//
+// Two tuning defines, chosen per shape by the host (src/kernel/cuda/oracle.rs):
+// QF64=1 keeps the decoded queries in shared memory as f64 (no f32->f64 conversion in
+// the inner loop, which competes with the DMMAs for the FP64 pipe; needs twice the
+// shared memory, so only when one row of queries fits), MTG=2 sweeps two m-tiles of 8
+// heads per pass (four independent accumulator chains instead of two, each query
+// value loaded once per two DMMAs). Neither changes a bit of the result: the dots are
+// exact and the head sum keeps the order 0..H-1.
 
 #ifndef DD
 #define DD 128
+#endif
+#ifndef QF64
+#define QF64 0
+#endif
+#ifndef MTG
+#define MTG 1
 #endif
 #define OWARPS 4
 #define OTOK 64
 #define ONT 2
 #define KPT (DD / 4)
 #define QRS (DD + 4)
+#define SHEADS (8 * MTG)
+#if QF64
+typedef double qelem;
+#else
+typedef float qelem;
+#endif
 
 __device__ __forceinline__ void dmma(double* c, double a, double b) {
     asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0,%1}, {%2}, {%3}, {%0,%1};\n"
@@ -32,14 +52,15 @@ __device__ __forceinline__ void dmma(double* c, double a, double b) {
 }
 
 // value/mag: compact rows (row r starts at row_off[r]); inside: 1 for InsideRelu;
-// nr: next_n rows whose queries fit shared memory at once.
+// nr: next_n rows whose queries fit shared memory at once. Heads must be a multiple
+// of 8 * MTG.
 extern "C" __global__ void __launch_bounds__(OWARPS * 32, 3) oracle_f64(const Params p, const u64* row_off, double* value, double* mag, int inside, int nr) {
     extern __shared__ __align__(16) double osm[];
     const int H = p.heads;
     double* tab = osm;                             // 256
     double* wd = tab + 256;                        // nr * H
-    double* stage = wd + nr * H;                   // OWARPS * 16 tokens * 8 heads
-    float* qf = (float*)(stage + OWARPS * 128);    // nr * H rows of QRS floats (permuted)
+    double* stage = wd + nr * H;                   // OWARPS * 16 tokens * SHEADS heads
+    qelem* qf = (qelem*)(stage + OWARPS * 16 * SHEADS);  // nr * H rows of QRS (permuted)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
     for (int k = threadIdx.x; k < 256; k += blockDim.x) tab[k] = (double)p.decode[(p.fnuz ? 256 : 0) + k];
     for (int b = blockIdx.y; b < p.batch; b += gridDim.y) {
@@ -51,7 +72,7 @@ extern "C" __global__ void __launch_bounds__(OWARPS * 32, 3) oracle_f64(const Pa
             for (int e = threadIdx.x; e < rows_here * H * DD; e += blockDim.x) {
                 const int row = e / DD, d = e % DD;  // row = ii*H + h
                 const int t = d / KPT, s = d % KPT;
-                qf[row * QRS + s * 4 + t] = p.decode[(p.fnuz ? 256 : 0) + p.q[((u64)(b * p.next_n + i0) * H) * DD + e]];
+                qf[row * QRS + s * 4 + t] = (qelem)p.decode[(p.fnuz ? 256 : 0) + p.q[((u64)(b * p.next_n + i0) * H) * DD + e]];
             }
             for (int e = threadIdx.x; e < rows_here * H; e += blockDim.x) wd[e] = (double)p.weights[(u64)(b * p.next_n + i0) * H + e];
             __syncthreads();
@@ -89,29 +110,36 @@ extern "C" __global__ void __launch_bounds__(OWARPS * 32, 3) oracle_f64(const Pa
                     const int len = valid_len(p, r);
                     if (c * OTOK + warp * 16 >= len) continue;  // uniform per warp
                     double v = 0.0, m = 0.0;
-                    double* st = stage + warp * 128;
-                    for (int mt = 0; mt < H / 8; mt++) {
-                        double acc[ONT][2];
+                    double* st = stage + warp * 16 * SHEADS;
+                    for (int mt = 0; mt < H / 8; mt += MTG) {
+                        double acc[MTG][ONT][2];
 #pragma unroll
-                        for (int n = 0; n < ONT; n++) { acc[n][0] = 0.0; acc[n][1] = 0.0; }
-                        const float* qrow = qf + (ii * H + mt * 8 + g) * QRS + t4;
+                        for (int u = 0; u < MTG; u++)
+#pragma unroll
+                            for (int n = 0; n < ONT; n++) { acc[u][n][0] = 0.0; acc[u][n][1] = 0.0; }
+                        const qelem* qrow = qf + (ii * H + mt * 8 + g) * QRS + t4;
 #pragma unroll
                         for (int s = 0; s < KPT; s++) {
-                            const double a = (double)qrow[s * 4];
 #pragma unroll
-                            for (int n = 0; n < ONT; n++) dmma(acc[n], a, kd[n][s]);
-                        }
-                        // acc[n][j] = dot(head mt*8+g, token n*8 + 2*t4 + j)
+                            for (int u = 0; u < MTG; u++) {
+                                const double a = (double)qrow[u * 8 * QRS + s * 4];
 #pragma unroll
-                        for (int n = 0; n < ONT; n++) {
-                            st[(n * 8 + 2 * t4) * 8 + g] = acc[n][0];
-                            st[(n * 8 + 2 * t4 + 1) * 8 + g] = acc[n][1];
+                                for (int n = 0; n < ONT; n++) dmma(acc[u][n], a, kd[n][s]);
+                            }
                         }
+                        // acc[u][n][j] = dot(head (mt+u)*8+g, token n*8 + 2*t4 + j)
+#pragma unroll
+                        for (int u = 0; u < MTG; u++)
+#pragma unroll
+                            for (int n = 0; n < ONT; n++) {
+                                st[(n * 8 + 2 * t4) * SHEADS + u * 8 + g] = acc[u][n][0];
+                                st[(n * 8 + 2 * t4 + 1) * SHEADS + u * 8 + g] = acc[u][n][1];
+                            }
                         __syncwarp();
                         if (lane < 16) {
 #pragma unroll
-                            for (int hh = 0; hh < 8; hh++) {
-                                const double dot = st[lane * 8 + hh];
+                            for (int hh = 0; hh < SHEADS; hh++) {
+                                const double dot = st[lane * SHEADS + hh];
                                 const double w = wd[ii * H + mt * 8 + hh];
                                 double t = inside ? __dmul_rn(w, relu_keep_nan_d(__dmul_rn(dot, my_scale)))
                                                   : __dmul_rn(w, relu_keep_nan_d(dot));

@@ -6,11 +6,11 @@
 //! position (context ends of every row; block, 64-token tile and 256-token chunk/split
 //! edges of sampled rows) and requires bit-identical values and magnitudes.
 
-use super::compile::Program;
-use super::device::{with_gpu, GpuFailure};
+use super::compile::{Defines, Program};
+use super::device::{with_gpu, Gpu, GpuFailure};
 use super::memory::{failure, launch, DeviceCase};
 use super::sys::{DeviceMemory, Timer};
-use crate::case::{Case, ScalePlacement};
+use crate::case::{Case, ScalePlacement, Shape};
 use crate::kernel::OutputBuffer;
 use crate::reference::{self, Reference, RowReference};
 use rand::RngExt;
@@ -32,56 +32,183 @@ pub fn rejects(case: &Case) -> Option<String> {
     None
 }
 
+/// Shared memory the oracle kernel may use per CTA: three CTAs per SM on Hopper.
+const SMEM_BUDGET: usize = 80 * 1024;
+
+/// How `kernels/oracle.cu` is compiled for a shape. No choice changes a bit of the
+/// result (the dots are exact, the head sum keeps its order); they trade shared memory
+/// and registers for speed, so `bench oracle` times each one that fits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OracleTuning {
+    /// Queries kept as f64 in shared memory (no conversion in the inner loop).
+    pub f64_queries: bool,
+    /// m-tiles of 8 heads swept per pass (1 or 2).
+    pub head_tiles: usize,
+}
+
+impl OracleTuning {
+    pub const ALL: [OracleTuning; 4] = [
+        OracleTuning {
+            f64_queries: false,
+            head_tiles: 1,
+        },
+        OracleTuning {
+            f64_queries: true,
+            head_tiles: 1,
+        },
+        OracleTuning {
+            f64_queries: false,
+            head_tiles: 2,
+        },
+        OracleTuning {
+            f64_queries: true,
+            head_tiles: 2,
+        },
+    ];
+
+    /// The tuning used for `shape`: the fastest on the H200 production case among
+    /// those that fit (see BENCHMARKS.md, "GPU oracle tunings").
+    pub fn for_shape(shape: &Shape) -> OracleTuning {
+        let preferred = OracleTuning {
+            f64_queries: true,
+            head_tiles: 1,
+        };
+        [preferred, OracleTuning::ALL[0]]
+            .into_iter()
+            .find(|t| t.fits(shape))
+            .unwrap_or(OracleTuning::ALL[0])
+    }
+
+    /// Bytes of shared memory one next_n row of queries (and its weights) takes.
+    fn row_bytes(self, shape: &Shape) -> usize {
+        let q = if self.f64_queries { 8 } else { 4 };
+        shape.heads * (shape.head_dim + 4) * q + shape.heads * 8
+    }
+
+    fn fixed_bytes(self) -> usize {
+        (256 + 4 * 16 * 8 * self.head_tiles) * 8
+    }
+
+    /// Whether the kernel compiled this way can take `shape` within the budget.
+    pub fn fits(self, shape: &Shape) -> bool {
+        shape.heads.is_multiple_of(8 * self.head_tiles)
+            && self.fixed_bytes() + self.row_bytes(shape) <= SMEM_BUDGET
+    }
+
+    pub fn label(self) -> String {
+        format!(
+            "{} queries, {} head tile{}",
+            if self.f64_queries { "f64" } else { "f32" },
+            self.head_tiles,
+            if self.head_tiles == 1 { "" } else { "s" }
+        )
+    }
+
+    pub fn defines(self, head_dim: usize) -> Defines {
+        vec![
+            ("DD".into(), head_dim.to_string()),
+            ("QF64".into(), (self.f64_queries as u8).to_string()),
+            ("MTG".into(), self.head_tiles.to_string()),
+        ]
+    }
+}
+
+/// Start of each row's V(r) in the compact value/magnitude arrays, and their length.
+fn row_offsets(case: &Case) -> Vec<u64> {
+    let mut row_off = Vec::with_capacity(case.rows() + 1);
+    let mut total = 0u64;
+    for r in 0..case.rows() {
+        row_off.push(total);
+        total += case.valid_len(r) as u64;
+    }
+    row_off.push(total);
+    row_off
+}
+
+fn message(e: GpuFailure) -> String {
+    match e {
+        GpuFailure::Environment(m) | GpuFailure::Fault(m) | GpuFailure::OutOfMemory(m) => m,
+    }
+}
+
 /// The reference of every row, computed on the GPU, and the oracle kernel's time.
 pub fn compute_timed(
     case: &Case,
     placement: ScalePlacement,
 ) -> Result<(Reference, Duration), String> {
+    compute_tuned(case, placement, OracleTuning::for_shape(&case.shape))
+}
+
+/// [`compute_timed`] with an explicit tuning (uploads the case).
+pub fn compute_tuned(
+    case: &Case,
+    placement: ScalePlacement,
+    tuning: OracleTuning,
+) -> Result<(Reference, Duration), String> {
     if let Some(why) = rejects(case) {
         return Err(why);
     }
-    let s = &case.shape;
-    let rows = case.rows();
-    let mut row_off = Vec::with_capacity(rows + 1);
-    let mut total = 0u64;
-    for r in 0..rows {
-        row_off.push(total);
-        total += case.valid_len(r) as u64;
-    }
-    row_off.push(total);
     let dummy = OutputBuffer::new(1, 1, 1);
-    let r = with_gpu(|gpu| {
+    with_gpu(|gpu| {
         let dc = DeviceCase::upload(gpu, case, &dummy)?;
-        let f = gpu
-            .function(
-                Program::Oracle,
-                "oracle_f64",
-                &vec![("DD".into(), s.head_dim.to_string())],
-            )
-            .map_err(GpuFailure::Environment)?;
-        // Query rows at a time: as many as fit in ~80 KiB (three CTAs per SM), at least one.
-        let row_bytes = s.heads * (s.head_dim + 4) * 4 + s.heads * 8;
-        let fixed = (256 + 4 * 128) * 8;
-        let nr = ((80 * 1024 - fixed) / row_bytes).clamp(1, s.next_n);
-        let smem = (fixed + nr * row_bytes) as u32;
-        if smem > gpu.max_smem_optin {
-            return Err(GpuFailure::OutOfMemory(format!(
-                "GPU oracle needs {smem} bytes of shared memory"
-            )));
-        }
-        f.set_max_dynamic_smem(smem).map_err(failure)?;
-        let off_mem = DeviceMemory::alloc(row_off.len() as u64 * 8).map_err(failure)?;
-        off_mem.upload(0, &row_off).map_err(failure)?;
-        let value = DeviceMemory::alloc(total.max(1) * 8).map_err(failure)?;
-        let mag = DeviceMemory::alloc(total.max(1) * 8).map_err(failure)?;
-        let max_tok = (0..s.batch).map(|b| case.seq_tokens(b)).max().unwrap_or(0);
-        // Each CTA takes up to 8 chunks of 64 tokens of one sequence (queries decoded once).
-        let gx = max_tok.div_ceil(64).div_ceil(8).clamp(1, 65535) as u32;
-        let gy = s.batch.clamp(1, 65535) as u32;
-        let mut p = dc.params;
-        let mut inside = (placement == ScalePlacement::InsideRelu) as i32;
-        let mut nr = nr as i32;
-        let timer = Timer::new().map_err(failure)?;
+        compute_on(gpu, &dc, case, placement, tuning, 1)
+    })
+    .map_err(message)
+}
+
+/// The reference of every row from the case already on the device (a kernel's own
+/// `DeviceCase`: nothing is uploaded again), with the median kernel time of `reps`
+/// launches (at least one).
+pub fn compute_on(
+    gpu: &mut Gpu,
+    dc: &DeviceCase,
+    case: &Case,
+    placement: ScalePlacement,
+    tuning: OracleTuning,
+    reps: usize,
+) -> Result<(Reference, Duration), GpuFailure> {
+    if let Some(why) = rejects(case) {
+        return Err(GpuFailure::Environment(why));
+    }
+    let s = &case.shape;
+    if !tuning.fits(s) {
+        return Err(GpuFailure::Environment(format!(
+            "GPU oracle tuning ({}) does not fit H={} D={}",
+            tuning.label(),
+            s.heads,
+            s.head_dim
+        )));
+    }
+    let row_off = row_offsets(case);
+    let total = *row_off.last().unwrap_or(&0);
+    let f = gpu
+        .function(Program::Oracle, "oracle_f64", &tuning.defines(s.head_dim))
+        .map_err(GpuFailure::Environment)?;
+    // Query rows at a time: as many as fit the budget (three CTAs per SM), at least one.
+    let row_bytes = tuning.row_bytes(s);
+    let fixed = tuning.fixed_bytes();
+    let nr = (SMEM_BUDGET.saturating_sub(fixed) / row_bytes).clamp(1, s.next_n);
+    let smem = (fixed + nr * row_bytes) as u32;
+    if smem > gpu.max_smem_optin {
+        return Err(GpuFailure::OutOfMemory(format!(
+            "GPU oracle needs {smem} bytes of shared memory"
+        )));
+    }
+    f.set_max_dynamic_smem(smem).map_err(failure)?;
+    let off_mem = DeviceMemory::alloc(row_off.len() as u64 * 8).map_err(failure)?;
+    off_mem.upload(0, &row_off).map_err(failure)?;
+    let value = DeviceMemory::alloc(total.max(1) * 8).map_err(failure)?;
+    let mag = DeviceMemory::alloc(total.max(1) * 8).map_err(failure)?;
+    let max_tok = (0..s.batch).map(|b| case.seq_tokens(b)).max().unwrap_or(0);
+    // Each CTA takes up to 8 chunks of 64 tokens of one sequence (queries decoded once).
+    let gx = max_tok.div_ceil(64).div_ceil(8).clamp(1, 65535) as u32;
+    let gy = s.batch.clamp(1, 65535) as u32;
+    let mut p = dc.params;
+    let mut inside = (placement == ScalePlacement::InsideRelu) as i32;
+    let mut nr = nr as i32;
+    let timer = Timer::new().map_err(failure)?;
+    let mut times = Vec::new();
+    for _ in 0..reps.max(1) {
         timer.start().map_err(failure)?;
         launch(
             &f,
@@ -98,18 +225,15 @@ pub fn compute_timed(
             ],
         )?;
         timer.stop().map_err(failure)?;
-        let ms = timer.elapsed_ms().map_err(failure)?;
-        gpu.ctx.synchronize().map_err(failure)?;
-        let mut v = vec![0f64; total as usize];
-        let mut m = vec![0f64; total as usize];
-        value.download(0, &mut v).map_err(failure)?;
-        mag.download(0, &mut m).map_err(failure)?;
-        Ok((v, m, Duration::from_secs_f64(ms as f64 / 1e3)))
-    });
-    let (v, m, t) = r.map_err(|e| match e {
-        GpuFailure::Environment(m) | GpuFailure::Fault(m) | GpuFailure::OutOfMemory(m) => m,
-    })?;
-    let rows_ref = (0..rows)
+        times.push(timer.elapsed_ms().map_err(failure)? as f64);
+    }
+    times.sort_by(f64::total_cmp);
+    gpu.ctx.synchronize().map_err(failure)?;
+    let mut v = vec![0f64; total as usize];
+    let mut m = vec![0f64; total as usize];
+    value.download(0, &mut v).map_err(failure)?;
+    mag.download(0, &mut m).map_err(failure)?;
+    let rows = (0..case.rows())
         .map(|r| {
             let (a, b) = (row_off[r] as usize, row_off[r + 1] as usize);
             Some(RowReference {
@@ -120,11 +244,8 @@ pub fn compute_timed(
         })
         .collect();
     Ok((
-        Reference {
-            placement,
-            rows: rows_ref,
-        },
-        t,
+        Reference { placement, rows },
+        Duration::from_secs_f64(times[times.len() / 2] / 1e3),
     ))
 }
 
