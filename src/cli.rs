@@ -525,6 +525,9 @@ fn print_summary(r: &crate::report::Report, dir: &std::path::Path) {
         if r.interrupted { " (interrupted)" } else { "" }
     );
     println!("{}", crate::report::headline(r));
+    for l in crate::report::headline::throughput(r) {
+        println!("{l}");
+    }
     for f in &r.findings {
         println!(
             "FINDING {} [{}] x{}: {}{}",

@@ -70,6 +70,8 @@ pub struct Judged {
     pub verdict: Verdict,
     pub output: Option<OutputBuffer>,
     pub wall: Duration,
+    /// Time the oracle took to judge the output (the reference excluded).
+    pub judge: Duration,
     /// Set when the environment broke (driver gone, adapter missing): stop, exit 3.
     pub environment_error: Option<String>,
 }
@@ -92,6 +94,7 @@ pub fn run_and_judge(
             verdict,
             output: None,
             wall: start.elapsed(),
+            judge: Duration::ZERO,
             environment_error: None,
         };
     }
@@ -99,6 +102,7 @@ pub fn run_and_judge(
     let result = kernel.run(case, &mut out);
     let wall = start.elapsed();
     let reference = refs.get(caps.scale_placement);
+    let judge_start = Instant::now();
     let verdict = match &result {
         Ok(info) => oracle::judge(case, reference, caps, Ok((info, &out)), cfg),
         Err(e) => oracle::judge(case, reference, caps, Err(e), cfg),
@@ -107,11 +111,13 @@ pub fn run_and_judge(
         Err(crate::kernel::RunError::Environment(m)) => Some(m.clone()),
         _ => None,
     };
+    let judge = judge_start.elapsed();
     let output = result.is_ok().then_some(out);
     Judged {
         verdict,
         output,
         wall,
+        judge,
         environment_error,
     }
 }

@@ -132,7 +132,9 @@ struct CaseResult {
     environment_error: Option<String>,
     generate_secs: f64,
     reference_secs: f64,
+    judge_secs: f64,
     kernel_secs: Vec<f64>,
+    run_wall_secs: Vec<f64>,
 }
 
 struct Engine<'a> {
@@ -173,7 +175,9 @@ impl Engine<'_> {
                 )),
                 generate_secs,
                 reference_secs: 0.0,
+                judge_secs: 0.0,
                 kernel_secs: Vec::new(),
+                run_wall_secs: Vec::new(),
             };
         }
         let mut refs =
@@ -181,9 +185,13 @@ impl Engine<'_> {
         let mut verdicts = Vec::new();
         let mut outputs = Vec::new();
         let mut kernel_secs = Vec::new();
+        let mut run_wall_secs = Vec::new();
+        let mut judge_secs = 0.0;
         let mut environment_error = None;
         for kern in &self.kernels {
             let j = harness::run_and_judge(kern.as_ref(), &case, &mut refs, &self.cfg.oracle);
+            run_wall_secs.push(j.wall.as_secs_f64());
+            judge_secs += j.judge.as_secs_f64();
             kernel_secs.push(
                 j.verdict
                     .run
@@ -226,7 +234,9 @@ impl Engine<'_> {
             environment_error,
             generate_secs,
             reference_secs,
+            judge_secs,
             kernel_secs,
+            run_wall_secs,
         }
     }
 }
@@ -249,7 +259,7 @@ fn environment(command_line: &str) -> report::Environment {
     }
 }
 
-fn add_verdict(stats: &mut KernelStats, v: &Verdict, kernel_secs: f64) {
+fn add_verdict(stats: &mut KernelStats, v: &Verdict, kernel_secs: f64, run_wall_secs: f64) {
     if v.skipped.is_some() {
         stats.skipped += 1;
         return;
@@ -263,6 +273,7 @@ fn add_verdict(stats: &mut KernelStats, v: &Verdict, kernel_secs: f64) {
     for (c, n) in &v.classes {
         *stats.class_totals.entry(*c).or_default() += n;
     }
+    stats.run_wall_secs += run_wall_secs;
     stats.rows_checked += v.metrics.rows_checked;
     stats.logits_checked += v.metrics.checked;
     // A crashed case has no output for the guard to act on: not counted either way.
@@ -391,9 +402,13 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
                 break;
             }
             let v = j.verdict;
+            timings.oracle_secs += j.judge.as_secs_f64();
             add_verdict(
                 report.per_kernel.get_mut(kern.name()).unwrap(),
                 &v,
+                v.run
+                    .kernel_time
+                    .map_or(j.wall.as_secs_f64(), |d| d.as_secs_f64()),
                 j.wall.as_secs_f64(),
             );
             if let Some(class) = v.primary_class() {
@@ -496,6 +511,7 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
                 generated += 1;
                 timings.generate_secs += r.generate_secs;
                 timings.reference_secs += r.reference_secs;
+                timings.oracle_secs += r.judge_secs;
                 coverage::record(&mut report.coverage, &r.recipe, &r.case);
                 for a in &r.adjustments {
                     *report
@@ -506,10 +522,20 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
                 }
                 let mut line = serde_json::json!({"k": r.k, "seed": format!("{:#018x}", r.seed), "recipe": short_recipe(&r.recipe)});
                 let mut kinds = Vec::new();
-                for ((kern, v), secs) in engine.kernels.iter().zip(&r.verdicts).zip(&r.kernel_secs)
+                for (((kern, v), secs), wall) in engine
+                    .kernels
+                    .iter()
+                    .zip(&r.verdicts)
+                    .zip(&r.kernel_secs)
+                    .zip(&r.run_wall_secs)
                 {
                     timings.kernel_secs += secs;
-                    add_verdict(report.per_kernel.get_mut(kern.name()).unwrap(), v, *secs);
+                    add_verdict(
+                        report.per_kernel.get_mut(kern.name()).unwrap(),
+                        v,
+                        *secs,
+                        *wall,
+                    );
                     if let Some(why) = &v.skipped {
                         report.counts.cases_skipped += 1;
                         *report

@@ -26,6 +26,7 @@ fn add_stats(into: &mut KernelStats, k: &KernelStats) {
     g.pos_inf += h.pos_inf;
     g.neg_inf += h.neg_inf;
     into.kernel_secs += k.kernel_secs;
+    into.run_wall_secs += k.run_wall_secs;
     // f64::max ignores NaN; an infinite ratio (NaN element) must win.
     if k.max_err_over_bound > into.max_err_over_bound || k.max_err_over_bound.is_nan() {
         into.max_err_over_bound = k.max_err_over_bound;

@@ -153,3 +153,38 @@ mod tests {
         assert_eq!(group(1234567), "1,234,567");
     }
 }
+
+/// Where a campaign's time went, e.g.
+/// `throughput: 3.9 cases/s, 8.7e3 verified logits/s over 105.0 s wall` and
+/// `time (summed over jobs): generate 12.3 s, reference 40.1 s, judge 5.2 s;
+/// cuda:tiled runs 80.2 s (kernel's own clock 0.024 s)`: the split between the
+/// kernel, the worker protocol and the oracle that tells a user what to speed up.
+pub fn throughput(r: &Report) -> Vec<String> {
+    let t = &r.timings;
+    let wall = t.wall_secs.max(1e-9);
+    let cases = r.counts.cases_generated + r.counts.cases_replayed;
+    let logits: u64 = r.per_kernel.values().map(|k| k.logits_checked).sum();
+    let mut kernels = Vec::new();
+    for (name, k) in &r.per_kernel {
+        kernels.push(format!(
+            "{name} runs {:.1} s (kernel's own clock {:.3} s)",
+            k.run_wall_secs, k.kernel_secs
+        ));
+    }
+    vec![
+        format!(
+            "throughput: {:.1} cases/s, {:.2e} verified logits/s over {:.1} s wall",
+            cases as f64 / wall,
+            logits as f64 / wall,
+            t.wall_secs
+        ),
+        format!(
+            "time (summed over jobs): generate {:.1} s, reference {:.1} s, judge {:.1} s, shrink {:.1} s; {}",
+            t.generate_secs,
+            t.reference_secs,
+            t.oracle_secs,
+            t.shrink_secs,
+            kernels.join("; ")
+        ),
+    ]
+}

@@ -77,6 +77,10 @@ pub fn summary_md(r: &Report) -> String {
             ratio(k.max_err_over_bound)
         );
     }
+    let _ = writeln!(s);
+    for l in super::headline::throughput(r) {
+        let _ = writeln!(s, "{l}  ");
+    }
     if !r.findings.is_empty() {
         let _ = writeln!(s, "\n## {} distinct finding(s)\n", r.findings.len());
         let _ = writeln!(

@@ -102,7 +102,11 @@ pub struct KernelStats {
     /// Elements of V(r) compared with the reference.
     pub logits_checked: u64,
     pub guard: GuardSummary,
+    /// The kernel's own time where it reports one (CUDA events, an adapter's clock),
+    /// else the wall time of its run.
     pub kernel_secs: f64,
+    /// Wall time of the kernel's runs, including worker protocol and device transfers.
+    pub run_wall_secs: f64,
     /// Largest `|err| / bound` seen (infinite when an element was NaN or ±inf).
     #[serde(with = "json_f64")]
     pub max_err_over_bound: f64,
