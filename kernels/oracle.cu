@@ -21,8 +21,12 @@
 // the inner loop, which competes with the DMMAs for the FP64 pipe; needs twice the
 // shared memory, so only when one row of queries fits), MTG=2 sweeps two m-tiles of 8
 // heads per pass (four independent accumulator chains instead of two, each query
-// value loaded once per two DMMAs). Neither changes a bit of the result: the dots are
-// exact and the head sum keeps the order 0..H-1.
+// value loaded once per two DMMAs), OMINB=2 asks for two CTAs per SM instead of three
+// (up to 255 registers: no spills with MTG=2), PIPE=1 double-buffers the staged dots so
+// a group's head sum runs while the next group's DMMAs drain (ncu on v2: the DP tensor
+// pipe was 64% busy, warps stalled on shared loads and the half-warp head sum). None
+// changes a bit of the result: the
+// dots are exact and the head sum keeps the order 0..H-1.
 
 #ifndef DD
 #define DD 128
@@ -32,6 +36,12 @@
 #endif
 #ifndef MTG
 #define MTG 1
+#endif
+#ifndef OMINB
+#define OMINB 3
+#endif
+#ifndef PIPE
+#define PIPE 0
 #endif
 #define OWARPS 4
 #define OTOK 64
@@ -54,13 +64,13 @@ __device__ __forceinline__ void dmma(double* c, double a, double b) {
 // value/mag: compact rows (row r starts at row_off[r]); inside: 1 for InsideRelu;
 // nr: next_n rows whose queries fit shared memory at once. Heads must be a multiple
 // of 8 * MTG.
-extern "C" __global__ void __launch_bounds__(OWARPS * 32, 3) oracle_f64(const Params p, const u64* row_off, double* value, double* mag, int inside, int nr) {
+extern "C" __global__ void __launch_bounds__(OWARPS * 32, OMINB) oracle_f64(const Params p, const u64* row_off, double* value, double* mag, int inside, int nr) {
     extern __shared__ __align__(16) double osm[];
     const int H = p.heads;
     double* tab = osm;                             // 256
     double* wd = tab + 256;                        // nr * H
-    double* stage = wd + nr * H;                   // OWARPS * 16 tokens * SHEADS heads
-    qelem* qf = (qelem*)(stage + OWARPS * 16 * SHEADS);  // nr * H rows of QRS (permuted)
+    double* stage = wd + nr * H;                   // OWARPS * (1 + PIPE) * 16 tokens * SHEADS heads
+    qelem* qf = (qelem*)(stage + OWARPS * (1 + PIPE) * 16 * SHEADS);  // nr * H rows of QRS (permuted)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
     for (int k = threadIdx.x; k < 256; k += blockDim.x) tab[k] = (double)p.decode[(p.fnuz ? 256 : 0) + k];
     for (int b = blockIdx.y; b < p.batch; b += gridDim.y) {
@@ -110,7 +120,22 @@ extern "C" __global__ void __launch_bounds__(OWARPS * 32, 3) oracle_f64(const Pa
                     const int len = valid_len(p, r);
                     if (c * OTOK + warp * 16 >= len) continue;  // uniform per warp
                     double v = 0.0, m = 0.0;
-                    double* st = stage + warp * 16 * SHEADS;
+                    // Head sum of the m-tile group whose dots are staged in `sb`, in head
+                    // order (lanes 0..15: one token each).
+                    auto combine = [&](const double* sb, int mt) {
+                        if (lane < 16) {
+#pragma unroll
+                            for (int hh = 0; hh < SHEADS; hh++) {
+                                const double dot = sb[lane * SHEADS + hh];
+                                const double w = wd[ii * H + mt * 8 + hh];
+                                double t = inside ? __dmul_rn(w, relu_keep_nan_d(__dmul_rn(dot, my_scale)))
+                                                  : __dmul_rn(w, relu_keep_nan_d(dot));
+                                v = __dadd_rn(v, t);
+                                m = __dadd_rn(m, fabs(t));
+                            }
+                        }
+                    };
+                    double* st0 = stage + warp * (1 + PIPE) * 16 * SHEADS;
                     for (int mt = 0; mt < H / 8; mt += MTG) {
                         double acc[MTG][ONT][2];
 #pragma unroll
@@ -127,6 +152,14 @@ extern "C" __global__ void __launch_bounds__(OWARPS * 32, 3) oracle_f64(const Pa
                                 for (int n = 0; n < ONT; n++) dmma(acc[u][n], a, kd[n][s]);
                             }
                         }
+#if PIPE
+                        // Software pipelining: the previous group's head sum runs while
+                        // this group's DMMAs drain; its dots sit in the other buffer.
+                        double* st = st0 + ((mt / MTG) & 1) * 16 * SHEADS;
+                        if (mt > 0) combine(st0 + (((mt / MTG) - 1) & 1) * 16 * SHEADS, mt - MTG);
+#else
+                        double* st = st0;
+#endif
                         // acc[u][n][j] = dot(head (mt+u)*8+g, token n*8 + 2*t4 + j)
 #pragma unroll
                         for (int u = 0; u < MTG; u++)
@@ -136,19 +169,18 @@ extern "C" __global__ void __launch_bounds__(OWARPS * 32, 3) oracle_f64(const Pa
                                 st[(n * 8 + 2 * t4 + 1) * SHEADS + u * 8 + g] = acc[u][n][1];
                             }
                         __syncwarp();
-                        if (lane < 16) {
-#pragma unroll
-                            for (int hh = 0; hh < SHEADS; hh++) {
-                                const double dot = st[lane * SHEADS + hh];
-                                const double w = wd[ii * H + mt * 8 + hh];
-                                double t = inside ? __dmul_rn(w, relu_keep_nan_d(__dmul_rn(dot, my_scale)))
-                                                  : __dmul_rn(w, relu_keep_nan_d(dot));
-                                v = __dadd_rn(v, t);
-                                m = __dadd_rn(m, fabs(t));
-                            }
-                        }
+#if !PIPE
+                        combine(st, mt);
+                        __syncwarp();
+#endif
+                    }
+#if PIPE
+                    {
+                        const int last = H / 8 - MTG;
+                        combine(st0 + ((last / MTG) & 1) * 16 * SHEADS, last);
                         __syncwarp();
                     }
+#endif
                     if (lane < 16 && my_tok < len) {
                         const u64 o = row_off[r] + my_tok;
                         value[o] = inside ? v : __dmul_rn(v, my_scale);

@@ -19,7 +19,10 @@ use std::time::Duration;
 
 /// Why the GPU oracle cannot take a case (the caller falls back to the CPU).
 pub fn rejects(case: &Case) -> Option<String> {
-    let s = &case.shape;
+    rejects_shape(&case.shape)
+}
+
+fn rejects_shape(s: &Shape) -> Option<String> {
     if !s.heads.is_multiple_of(8) {
         return Some(format!("GPU oracle needs heads % 8 == 0, got {}", s.heads));
     }
@@ -32,9 +35,6 @@ pub fn rejects(case: &Case) -> Option<String> {
     None
 }
 
-/// Shared memory the oracle kernel may use per CTA: three CTAs per SM on Hopper.
-const SMEM_BUDGET: usize = 80 * 1024;
-
 /// How `kernels/oracle.cu` is compiled for a shape. No choice changes a bit of the
 /// result (the dots are exact, the head sum keeps its order); they trade shared memory
 /// and registers for speed, so `bench oracle` times each one that fits.
@@ -44,39 +44,51 @@ pub struct OracleTuning {
     pub f64_queries: bool,
     /// m-tiles of 8 heads swept per pass (1 or 2).
     pub head_tiles: usize,
+    /// CTAs per SM the kernel is compiled for (3, or 2 for more registers).
+    pub ctas_per_sm: usize,
+    /// Head sums software-pipelined behind the next group's DMMAs.
+    pub pipelined: bool,
 }
 
 impl OracleTuning {
-    pub const ALL: [OracleTuning; 4] = [
-        OracleTuning {
-            f64_queries: false,
-            head_tiles: 1,
-        },
-        OracleTuning {
-            f64_queries: true,
-            head_tiles: 1,
-        },
-        OracleTuning {
-            f64_queries: false,
-            head_tiles: 2,
-        },
-        OracleTuning {
-            f64_queries: true,
-            head_tiles: 2,
-        },
+    pub const ALL: [OracleTuning; 8] = [
+        OracleTuning::new(false, 1, 3, false),
+        OracleTuning::new(true, 1, 3, false),
+        OracleTuning::new(false, 2, 3, false),
+        OracleTuning::new(false, 1, 2, false),
+        OracleTuning::new(false, 1, 3, true),
+        OracleTuning::new(true, 1, 3, true),
+        OracleTuning::new(false, 1, 2, true),
+        OracleTuning::new(false, 2, 2, true),
     ];
 
-    /// The tuning used for `shape`: the fastest on the H200 production case among
-    /// those that fit (see BENCHMARKS.md, "GPU oracle tunings").
+    const fn new(
+        f64_queries: bool,
+        head_tiles: usize,
+        ctas_per_sm: usize,
+        pipelined: bool,
+    ) -> Self {
+        OracleTuning {
+            f64_queries,
+            head_tiles,
+            ctas_per_sm,
+            pipelined,
+        }
+    }
+
+    /// Shared memory one CTA may use: its share of the SM's 228 KiB, less 1 KiB each
+    /// for the system.
+    fn smem_budget(self) -> usize {
+        (228 / self.ctas_per_sm - 1) * 1024
+    }
+
+    /// The tuning used for `shape`: the fastest on the H200 production case (f32
+    /// queries, one head tile, three CTAs per SM; see BENCHMARKS.md, "GPU oracle
+    /// tunings"). It fits every shape [`rejects`] lets through.
     pub fn for_shape(shape: &Shape) -> OracleTuning {
-        let preferred = OracleTuning {
-            f64_queries: true,
-            head_tiles: 1,
-        };
-        [preferred, OracleTuning::ALL[0]]
-            .into_iter()
-            .find(|t| t.fits(shape))
-            .unwrap_or(OracleTuning::ALL[0])
+        let best = OracleTuning::ALL[0];
+        debug_assert!(rejects_shape(shape).is_some() || best.fits(shape));
+        best
     }
 
     /// Bytes of shared memory one next_n row of queries (and its weights) takes.
@@ -86,21 +98,23 @@ impl OracleTuning {
     }
 
     fn fixed_bytes(self) -> usize {
-        (256 + 4 * 16 * 8 * self.head_tiles) * 8
+        (256 + 4 * (1 + self.pipelined as usize) * 16 * 8 * self.head_tiles) * 8
     }
 
     /// Whether the kernel compiled this way can take `shape` within the budget.
     pub fn fits(self, shape: &Shape) -> bool {
         shape.heads.is_multiple_of(8 * self.head_tiles)
-            && self.fixed_bytes() + self.row_bytes(shape) <= SMEM_BUDGET
+            && self.fixed_bytes() + self.row_bytes(shape) <= self.smem_budget()
     }
 
     pub fn label(self) -> String {
         format!(
-            "{} queries, {} head tile{}",
+            "{} queries, {} head tile{}, {} CTAs/SM{}",
             if self.f64_queries { "f64" } else { "f32" },
             self.head_tiles,
-            if self.head_tiles == 1 { "" } else { "s" }
+            if self.head_tiles == 1 { "" } else { "s" },
+            self.ctas_per_sm,
+            if self.pipelined { ", pipelined" } else { "" }
         )
     }
 
@@ -109,6 +123,8 @@ impl OracleTuning {
             ("DD".into(), head_dim.to_string()),
             ("QF64".into(), (self.f64_queries as u8).to_string()),
             ("MTG".into(), self.head_tiles.to_string()),
+            ("OMINB".into(), self.ctas_per_sm.to_string()),
+            ("PIPE".into(), (self.pipelined as u8).to_string()),
         ]
     }
 }
@@ -184,10 +200,10 @@ pub fn compute_on(
     let f = gpu
         .function(Program::Oracle, "oracle_f64", &tuning.defines(s.head_dim))
         .map_err(GpuFailure::Environment)?;
-    // Query rows at a time: as many as fit the budget (three CTAs per SM), at least one.
+    // Query rows at a time: as many as fit the CTA's share of shared memory, at least one.
     let row_bytes = tuning.row_bytes(s);
     let fixed = tuning.fixed_bytes();
-    let nr = (SMEM_BUDGET.saturating_sub(fixed) / row_bytes).clamp(1, s.next_n);
+    let nr = (tuning.smem_budget().saturating_sub(fixed) / row_bytes).clamp(1, s.next_n);
     let smem = (fixed + nr * row_bytes) as u32;
     if smem > gpu.max_smem_optin {
         return Err(GpuFailure::OutOfMemory(format!(
