@@ -341,7 +341,7 @@ impl ExecKernel {
             hellos.push(h.clone());
             match &hello {
                 None => hello = Some(h),
-                Some(first) if first.capabilities != h.capabilities => {
+                Some(first) if !same_contract(&first.capabilities, &h.capabilities) => {
                     return Err(RunError::Environment(format!(
                         "worker {k} declares other capabilities than worker 0 ({} on {} vs {} on {})",
                         h.name, h.device, first.name, first.device
@@ -396,7 +396,7 @@ impl ExecKernel {
     ) -> Result<RunInfo, RunError> {
         if slot.worker.is_none() {
             let h = start_worker(&self.config, slot, "restarted worker")?;
-            if h.capabilities != self.hello.capabilities {
+            if !same_contract(&h.capabilities, &self.hello.capabilities) {
                 return Err(RunError::Environment(
                     "a restarted worker declares other capabilities than at start".into(),
                 ));
@@ -622,5 +622,45 @@ impl Drop for ExecKernel {
             }
             let _ = std::fs::remove_dir_all(&slot.dir);
         }
+    }
+}
+
+/// Whether two handshakes promise the same contract. `max_kv_bytes` is left out: adapters
+/// derive it from the device's free memory, which other processes on the same GPU change
+/// between a worker's start and its restart after a crash (seen with DeepGEMM on an H200:
+/// every campaign that found a crash then stopped with "other capabilities").
+fn same_contract(a: &Capabilities, b: &Capabilities) -> bool {
+    let mut b = b.clone();
+    b.max_kv_bytes = a.max_kv_bytes;
+    *a == b
+}
+
+#[cfg(test)]
+mod tests {
+    use super::same_contract;
+    use crate::case::ScalePlacement;
+    use crate::kernel::Capabilities;
+
+    #[test]
+    fn a_restart_may_see_other_free_memory_but_not_another_contract() {
+        let a = Capabilities {
+            max_kv_bytes: Some(80 << 30),
+            ..Capabilities::everything(ScalePlacement::AfterReluSum)
+        };
+        let less_memory = Capabilities {
+            max_kv_bytes: Some(60 << 30),
+            ..a.clone()
+        };
+        assert!(same_contract(&a, &less_memory));
+        let other_heads = Capabilities {
+            heads: Some(vec![64]),
+            ..less_memory.clone()
+        };
+        assert!(!same_contract(&a, &other_heads));
+        let other_placement = Capabilities {
+            scale_placement: ScalePlacement::InsideRelu,
+            ..a.clone()
+        };
+        assert!(!same_contract(&a, &other_placement));
     }
 }
