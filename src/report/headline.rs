@@ -116,44 +116,6 @@ pub fn headline(report: &Report) -> String {
     lines.join("\n")
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::report::GuardSummary;
-
-    #[test]
-    fn crashes_are_not_called_guard_needed() {
-        let k = KernelStats {
-            cases: 5,
-            guard: GuardSummary {
-                cases: 5,
-                redundant_cases: 4,
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        let h = kernel_headline("k", &k);
-        assert!(
-            h.contains("4/5 cases; the other 1 case had no output"),
-            "{h}"
-        );
-        let k = KernelStats {
-            guard: GuardSummary {
-                cases: 5,
-                redundant_cases: 4,
-                pos_inf: 2,
-                rows_affected: 1,
-                ..Default::default()
-            },
-            ..k
-        };
-        assert!(kernel_headline("k", &k).starts_with(
-            "k: guard NEEDED on 1/5 cases: it changes 2 elements in 1 row (nan 0, +inf 2, -inf 0)"
-        ));
-        assert_eq!(group(1234567), "1,234,567");
-    }
-}
-
 /// Where a campaign's time went, e.g.
 /// `throughput: 3.9 cases/s, 8.7e3 verified logits/s over 105.0 s wall` and
 /// `time (summed over jobs): generate 12.3 s, reference 40.1 s, judge 5.2 s;
@@ -187,4 +149,70 @@ pub fn throughput(r: &Report) -> Vec<String> {
             kernels.join("; ")
         ),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::GuardSummary;
+
+    #[test]
+    fn throughput_splits_worker_time_from_kernel_time() {
+        let mut r = Report::default();
+        r.counts.cases_generated = 90;
+        r.counts.cases_replayed = 10;
+        r.timings.wall_secs = 50.0;
+        r.timings.reference_secs = 7.0;
+        r.per_kernel.insert(
+            "cuda:tiled".into(),
+            KernelStats {
+                logits_checked: 1_000_000,
+                kernel_secs: 0.25,
+                run_wall_secs: 40.0,
+                ..Default::default()
+            },
+        );
+        let lines = throughput(&r);
+        assert!(
+            lines[0].starts_with("throughput: 2.0 cases/s, 2.00e4 verified logits/s"),
+            "{lines:?}"
+        );
+        assert!(lines[1].contains("reference 7.0 s"), "{lines:?}");
+        assert!(
+            lines[1].contains("cuda:tiled runs 40.0 s (kernel's own clock 0.250 s)"),
+            "{lines:?}"
+        );
+    }
+
+    #[test]
+    fn crashes_are_not_called_guard_needed() {
+        let k = KernelStats {
+            cases: 5,
+            guard: GuardSummary {
+                cases: 5,
+                redundant_cases: 4,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let h = kernel_headline("k", &k);
+        assert!(
+            h.contains("4/5 cases; the other 1 case had no output"),
+            "{h}"
+        );
+        let k = KernelStats {
+            guard: GuardSummary {
+                cases: 5,
+                redundant_cases: 4,
+                pos_inf: 2,
+                rows_affected: 1,
+                ..Default::default()
+            },
+            ..k
+        };
+        assert!(kernel_headline("k", &k).starts_with(
+            "k: guard NEEDED on 1/5 cases: it changes 2 elements in 1 row (nan 0, +inf 2, -inf 0)"
+        ));
+        assert_eq!(group(1234567), "1,234,567");
+    }
 }
