@@ -52,6 +52,34 @@ fn seed_corpus_replays_clean() {
     }
 }
 
+/// The cases real kernels failed on (docs/findings) are valid cases the built-in
+/// kernels get right: what the library returned is what was wrong.
+#[test]
+fn findings_in_real_kernels_replay_clean_on_the_builtin_kernels() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/findings");
+    let mut files = Vec::new();
+    let mut stack = vec![root];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|e| e == "json") {
+                files.push(p);
+            }
+        }
+    }
+    assert!(files.len() >= 3, "{files:?}");
+    let out = run(&["replay", "--kernel", "cpu:chunked"], &files);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert_eq!(
+        stdout.lines().filter(|l| l.contains(" clean (")).count(),
+        files.len(),
+        "{stdout}"
+    );
+}
+
 #[test]
 fn seed_corpus_json_output_and_findings_exit_1() {
     let files: Vec<PathBuf> = corpus()
