@@ -24,7 +24,9 @@
 // value loaded once per two DMMAs), OMINB=2 asks for two CTAs per SM instead of three
 // (up to 255 registers: no spills with MTG=2), PIPE=1 double-buffers the staged dots so
 // a group's head sum runs while the next group's DMMAs drain (ncu on v2: the DP tensor
-// pipe was 64% busy, warps stalled on shared loads and the half-warp head sum). None
+// pipe was 64% busy, warps stalled on shared loads and the half-warp head sum), QV=1
+// lays each lane's queries out contiguously and loads four k-steps with one float4
+// (a quarter of the shared loads; f32 queries, one head tile, D 64/128). None
 // changes a bit of the result: the
 // dots are exact and the head sum keeps the order 0..H-1.
 
@@ -47,7 +49,18 @@
 #define OTOK 64
 #define ONT 2
 #define KPT (DD / 4)
+#ifndef QV
+#define QV 0
+#endif
+#if QV
+// Vector query loads: lane t4's KPT values contiguous (segment QSEG = KPT + 4 floats,
+// row QRS = 4 * QSEG), read as float4; for D = 64 and 128 the 8 lanes of each
+// 128-bit phase then start on 8 distinct 4-bank groups (conflict-free).
+#define QSEG (KPT + 4)
+#define QRS (4 * QSEG)
+#else
 #define QRS (DD + 4)
+#endif
 #define SHEADS (8 * MTG)
 #if QF64
 typedef double qelem;
@@ -82,7 +95,11 @@ extern "C" __global__ void __launch_bounds__(OWARPS * 32, OMINB) oracle_f64(cons
             for (int e = threadIdx.x; e < rows_here * H * DD; e += blockDim.x) {
                 const int row = e / DD, d = e % DD;  // row = ii*H + h
                 const int t = d / KPT, s = d % KPT;
+#if QV
+                qf[row * QRS + t * QSEG + s] = (qelem)p.decode[(p.fnuz ? 256 : 0) + p.q[((u64)(b * p.next_n + i0) * H) * DD + e]];
+#else
                 qf[row * QRS + s * 4 + t] = (qelem)p.decode[(p.fnuz ? 256 : 0) + p.q[((u64)(b * p.next_n + i0) * H) * DD + e]];
+#endif
             }
             for (int e = threadIdx.x; e < rows_here * H; e += blockDim.x) wd[e] = (double)p.weights[(u64)(b * p.next_n + i0) * H + e];
             __syncthreads();
@@ -142,6 +159,22 @@ extern "C" __global__ void __launch_bounds__(OWARPS * 32, OMINB) oracle_f64(cons
                         for (int u = 0; u < MTG; u++)
 #pragma unroll
                             for (int n = 0; n < ONT; n++) { acc[u][n][0] = 0.0; acc[u][n][1] = 0.0; }
+#if QV
+                        // One 128-bit load feeds four k-steps (MTG == 1, f32 queries).
+                        const float* qrow = qf + (ii * H + mt * 8 + g) * QRS + t4 * QSEG;
+#pragma unroll
+                        for (int s = 0; s < KPT; s += 4) {
+                            const float4 a4 = *(const float4*)(qrow + s);
+#pragma unroll
+                            for (int n = 0; n < ONT; n++) dmma(acc[0][n], (double)a4.x, kd[n][s]);
+#pragma unroll
+                            for (int n = 0; n < ONT; n++) dmma(acc[0][n], (double)a4.y, kd[n][s + 1]);
+#pragma unroll
+                            for (int n = 0; n < ONT; n++) dmma(acc[0][n], (double)a4.z, kd[n][s + 2]);
+#pragma unroll
+                            for (int n = 0; n < ONT; n++) dmma(acc[0][n], (double)a4.w, kd[n][s + 3]);
+                        }
+#else
                         const qelem* qrow = qf + (ii * H + mt * 8 + g) * QRS + t4;
 #pragma unroll
                         for (int s = 0; s < KPT; s++) {
@@ -152,6 +185,7 @@ extern "C" __global__ void __launch_bounds__(OWARPS * 32, OMINB) oracle_f64(cons
                                 for (int n = 0; n < ONT; n++) dmma(acc[u][n], a, kd[n][s]);
                             }
                         }
+#endif
 #if PIPE
                         // Software pipelining: the previous group's head sum runs while
                         // this group's DMMAs drain; its dots sit in the other buffer.
