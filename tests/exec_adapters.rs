@@ -277,13 +277,18 @@ fn torch_adapter_is_clean_on_the_cpu() {
 }
 
 fn dg_case(lens: Vec<usize>, next_n: usize) -> Case {
+    dg_recipe(lens, next_n).materialize()
+}
+
+fn dg_recipe(lens: Vec<usize>, next_n: usize) -> Recipe {
     Recipe {
         heads: 32,
         head_dim: 64,
         block_size: 64,
+        // DeepGEMM's TMA descriptors need a 16-byte aligned block stride.
+        kv_stride_pad: 16,
         ..recipe(lens, next_n)
     }
-    .materialize()
 }
 
 #[test]
@@ -307,6 +312,20 @@ fn deepgemm_adapter_against_a_fake_deep_gemm() {
     // Outside the declared shapes: skipped by the harness, never sent.
     let v = judge_once(k.as_ref(), &recipe(vec![30], 1).materialize());
     assert!(v.skipped.is_some());
+    // A padded stride DeepGEMM asserts on: skipped by the adapter, with its reason.
+    let unaligned = Recipe {
+        kv_stride_pad: 8,
+        ..dg_recipe(vec![100], 1)
+    }
+    .materialize();
+    assert_ne!(unaligned.shape.kv_block_stride % 16, 0);
+    let v = judge_once(k.as_ref(), &unaligned);
+    assert!(
+        v.skipped
+            .as_deref()
+            .is_some_and(|w| w.contains("16-byte aligned KV block stride")),
+        "{v:?}"
+    );
     drop(k);
     let k = adapter_with_env(
         "deepgemm",

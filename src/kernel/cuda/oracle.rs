@@ -51,10 +51,13 @@ pub struct OracleTuning {
     /// Each lane's queries contiguous, four k-steps per 128-bit shared load (f32
     /// queries, one head tile, D 64 or 128).
     pub vector_loads: bool,
+    /// 64-token chunks per CTA at most (the grid's x size is the longest sequence's
+    /// chunks over this): more amortize the query decode, fewer shorten the tail.
+    pub chunks_per_cta: usize,
 }
 
 impl OracleTuning {
-    pub const ALL: [OracleTuning; 10] = [
+    pub const ALL: [OracleTuning; 13] = [
         OracleTuning::new(false, 1, 3, false, false),
         OracleTuning::new(true, 1, 3, false, false),
         OracleTuning::new(false, 2, 3, false, false),
@@ -65,6 +68,9 @@ impl OracleTuning {
         OracleTuning::new(false, 2, 2, true, false),
         OracleTuning::new(false, 1, 3, false, true),
         OracleTuning::new(false, 1, 2, false, true),
+        OracleTuning::new(false, 1, 3, false, true).chunks(4),
+        OracleTuning::new(false, 1, 3, false, true).chunks(16),
+        OracleTuning::new(false, 1, 3, false, false).chunks(4),
     ];
 
     const fn new(
@@ -80,6 +86,14 @@ impl OracleTuning {
             ctas_per_sm,
             pipelined,
             vector_loads,
+            chunks_per_cta: 8,
+        }
+    }
+
+    const fn chunks(self, chunks_per_cta: usize) -> Self {
+        OracleTuning {
+            chunks_per_cta,
+            ..self
         }
     }
 
@@ -126,7 +140,7 @@ impl OracleTuning {
 
     pub fn label(self) -> String {
         format!(
-            "{} queries, {} head tile{}, {} CTAs/SM{}{}",
+            "{} queries, {} head tile{}, {} CTAs/SM{}{}{}",
             if self.f64_queries { "f64" } else { "f32" },
             self.head_tiles,
             if self.head_tiles == 1 { "" } else { "s" },
@@ -136,6 +150,11 @@ impl OracleTuning {
                 ", float4 loads"
             } else {
                 ""
+            },
+            if self.chunks_per_cta == 8 {
+                String::new()
+            } else {
+                format!(", {} chunks/CTA", self.chunks_per_cta)
             }
         )
     }
@@ -239,8 +258,12 @@ pub fn compute_on(
     let value = DeviceMemory::alloc(total.max(1) * 8).map_err(failure)?;
     let mag = DeviceMemory::alloc(total.max(1) * 8).map_err(failure)?;
     let max_tok = (0..s.batch).map(|b| case.seq_tokens(b)).max().unwrap_or(0);
-    // Each CTA takes up to 8 chunks of 64 tokens of one sequence (queries decoded once).
-    let gx = max_tok.div_ceil(64).div_ceil(8).clamp(1, 65535) as u32;
+    // Each CTA takes up to `chunks_per_cta` chunks of 64 tokens of one sequence (its
+    // queries decoded once).
+    let gx = max_tok
+        .div_ceil(64)
+        .div_ceil(tuning.chunks_per_cta)
+        .clamp(1, 65535) as u32;
     let gy = s.batch.clamp(1, 65535) as u32;
     let mut p = dc.params;
     let mut inside = (placement == ScalePlacement::InsideRelu) as i32;
