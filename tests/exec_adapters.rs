@@ -318,7 +318,7 @@ fn deepgemm_adapter_against_a_fake_deep_gemm() {
         ..dg_recipe(vec![100], 1)
     }
     .materialize();
-    assert_ne!(unaligned.shape.kv_block_stride % 16, 0);
+    assert_ne!(unaligned.kv_block_stride % 16, 0);
     let v = judge_once(k.as_ref(), &unaligned);
     assert!(
         v.skipped
