@@ -528,6 +528,9 @@ fn print_summary(r: &crate::report::Report, dir: &std::path::Path) {
     for l in crate::report::headline::throughput(r) {
         println!("{l}");
     }
+    for l in crate::report::headline::launch_lines(r) {
+        println!("{l}");
+    }
     for f in &r.findings {
         println!(
             "FINDING {} [{}] x{}: {}{}",

@@ -259,10 +259,23 @@ fn environment(command_line: &str) -> report::Environment {
     }
 }
 
-fn add_verdict(stats: &mut KernelStats, v: &Verdict, kernel_secs: f64, run_wall_secs: f64) {
+fn add_verdict(
+    stats: &mut KernelStats,
+    v: &Verdict,
+    kernel_secs: f64,
+    run_wall_secs: f64,
+    case: &crate::case::Case,
+) {
     if v.skipped.is_some() {
         stats.skipped += 1;
         return;
+    }
+    if let Some(t) = v.run.kernel_time {
+        stats
+            .kernel_time_by_shape
+            .entry(crate::report::shape_class(case))
+            .or_default()
+            .record(t.as_secs_f64());
     }
     stats.cases += 1;
     if v.is_clean() {
@@ -410,6 +423,7 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
                     .kernel_time
                     .map_or(j.wall.as_secs_f64(), |d| d.as_secs_f64()),
                 j.wall.as_secs_f64(),
+                &file.case,
             );
             if let Some(class) = v.primary_class() {
                 any_finding = true;
@@ -535,6 +549,7 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
                         v,
                         *secs,
                         *wall,
+                        &r.case,
                     );
                     if let Some(why) = &v.skipped {
                         report.counts.cases_skipped += 1;

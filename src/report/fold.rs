@@ -27,6 +27,12 @@ fn add_stats(into: &mut KernelStats, k: &KernelStats) {
     g.neg_inf += h.neg_inf;
     into.kernel_secs += k.kernel_secs;
     into.run_wall_secs += k.run_wall_secs;
+    for (class, t) in &k.kernel_time_by_shape {
+        into.kernel_time_by_shape
+            .entry(class.clone())
+            .or_default()
+            .merge(t);
+    }
     // f64::max ignores NaN; an infinite ratio (NaN element) must win.
     if k.max_err_over_bound > into.max_err_over_bound || k.max_err_over_bound.is_nan() {
         into.max_err_over_bound = k.max_err_over_bound;

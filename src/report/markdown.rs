@@ -81,6 +81,22 @@ pub fn summary_md(r: &Report) -> String {
     for l in super::headline::throughput(r) {
         let _ = writeln!(s, "{l}  ");
     }
+    let medians = super::headline::launch_medians(r, 12);
+    if !medians.is_empty() {
+        let _ = writeln!(
+            s,
+            "\n| kernel | shape class | median kernel time (own clock) | launches |"
+        );
+        let _ = writeln!(s, "|---|---|---:|---:|");
+        for (k, class, us, n) in medians {
+            let _ = writeln!(
+                s,
+                "| `{k}` | {class} | {} | {} |",
+                super::headline::show_us(us),
+                group(n)
+            );
+        }
+    }
     if !r.findings.is_empty() {
         let _ = writeln!(s, "\n## {} distinct finding(s)\n", r.findings.len());
         let _ = writeln!(

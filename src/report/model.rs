@@ -107,9 +107,67 @@ pub struct KernelStats {
     pub kernel_secs: f64,
     /// Wall time of the kernel's runs, including worker protocol and device transfers.
     pub run_wall_secs: f64,
+    /// The kernel's own launch times (CUDA events, an adapter's clock), per shape class
+    /// ([`shape_class`]): medians per class, mergeable across shards.
+    pub kernel_time_by_shape: BTreeMap<String, LaunchTimes>,
     /// Largest `|err| / bound` seen (infinite when an element was NaN or ±inf).
     #[serde(with = "json_f64")]
     pub max_err_over_bound: f64,
+}
+
+/// A case's shape class for kernel timings: heads, head dim, next_n and the KV tokens
+/// read rounded up to a power of two (`H64 D128 N2 tokens<=2M`), so that medians
+/// compare launches of comparable work (block size and layout left out: they change
+/// addressing, not the work).
+pub fn shape_class(case: &crate::case::Case) -> String {
+    let s = &case.shape;
+    let tokens: u64 = (0..s.batch).map(|b| case.seq_tokens(b) as u64).sum();
+    let bucket = tokens.max(1).next_power_of_two();
+    let human = match bucket {
+        b if b >= 1 << 20 => format!("{}M", b >> 20),
+        b if b >= 1 << 10 => format!("{}K", b >> 10),
+        b => b.to_string(),
+    };
+    format!("H{} D{} N{} tokens<={human}", s.heads, s.head_dim, s.next_n)
+}
+
+/// Launch times of one kernel on one shape class, as a histogram with 16 buckets per
+/// octave (bucket `floor(16 * log2(µs))`, ±2.2% from its centre): the median needs no
+/// stored samples, and shards merge by adding counts.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct LaunchTimes {
+    pub launches: u64,
+    pub log2_us_x16: BTreeMap<i32, u64>,
+}
+
+impl LaunchTimes {
+    pub fn record(&mut self, secs: f64) {
+        let us = (secs * 1e6).max(1e-3);
+        let b = (16.0 * us.log2()).floor() as i32;
+        self.launches += 1;
+        *self.log2_us_x16.entry(b).or_default() += 1;
+    }
+
+    pub fn merge(&mut self, other: &LaunchTimes) {
+        self.launches += other.launches;
+        for (b, n) in &other.log2_us_x16 {
+            *self.log2_us_x16.entry(*b).or_default() += n;
+        }
+    }
+
+    /// Median launch time in µs (the centre of the median's bucket); 0 when empty.
+    pub fn median_us(&self) -> f64 {
+        let half = self.launches.div_ceil(2).max(1);
+        let mut seen = 0;
+        for (b, n) in &self.log2_us_x16 {
+            seen += n;
+            if seen >= half {
+                return 2f64.powf((*b as f64 + 0.5) / 16.0);
+            }
+        }
+        0.0
+    }
 }
 
 /// The guard question over a campaign: would `nan_to_num_(-inf)` after the kernel have
