@@ -3,9 +3,7 @@
 //! line); on a machine with one, the kernels run and a planted bug is caught through
 //! its real mechanism. Tests that need a GPU say so visibly when they skip.
 
-use mqa_fuzz::case::ValueLayout;
-use mqa_fuzz::fp8::Fp8Format;
-use mqa_fuzz::generate::{LensRecipe, OffsetClass, Padding, Recipe, TableOrder, ValueKind};
+use mqa_fuzz::generate::Recipe;
 use mqa_fuzz::harness::{self, ReferenceCache};
 use mqa_fuzz::kernel::cuda;
 use mqa_fuzz::oracle::{Class, OracleConfig};
@@ -31,24 +29,8 @@ fn gpu() -> Option<usize> {
 
 fn recipe(lens: Vec<usize>, next_n: usize) -> Recipe {
     Recipe {
-        next_n,
         heads: 32,
-        head_dim: 64,
-        block_size: 16,
-        layout: ValueLayout::Normal,
-        format: Fp8Format::E4m3fn,
-        lens: LensRecipe::PerSequence(lens),
-        model_len_slack: 5,
-        out_stride_pad: 3,
-        big_output: false,
-        table_order: TableOrder::Permuted,
-        padding: Padding::MinusOne,
-        surplus_blocks: 1,
-        table_stride_pad: 2,
-        kv_stride_pad: 8,
-        offsets: OffsetClass::Low,
-        values: ValueKind::Pipeline,
-        seed: 5,
+        ..Recipe::small(lens, next_n, 5)
     }
 }
 

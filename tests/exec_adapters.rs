@@ -55,26 +55,7 @@ fn adapter_with_env(name: &str, env: &[(&str, &str)]) -> Box<dyn Kernel> {
 const FAKES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/kernels/external/testing");
 
 pub fn recipe(lens: Vec<usize>, next_n: usize) -> Recipe {
-    Recipe {
-        next_n,
-        heads: 8,
-        head_dim: 64,
-        block_size: 16,
-        layout: ValueLayout::Normal,
-        format: Fp8Format::E4m3fn,
-        lens: LensRecipe::PerSequence(lens),
-        model_len_slack: 5,
-        out_stride_pad: 3,
-        big_output: false,
-        table_order: TableOrder::Permuted,
-        padding: Padding::MinusOne,
-        surplus_blocks: 1,
-        table_stride_pad: 2,
-        kv_stride_pad: 8,
-        offsets: OffsetClass::Low,
-        values: ValueKind::Pipeline,
-        seed: 7,
-    }
+    Recipe::small(lens, next_n, 7)
 }
 
 /// Varied cases every correct kernel must pass.

@@ -2,8 +2,7 @@
 //! served by `mqa-fuzz worker`, and workers that crash, hang, babble, answer out of
 //! order or speak another protocol version on purpose.
 
-use mqa_fuzz::case::{Case, ValueLayout};
-use mqa_fuzz::fp8::Fp8Format;
+use mqa_fuzz::case::Case;
 use mqa_fuzz::generate::*;
 use mqa_fuzz::harness::judge_once;
 use mqa_fuzz::kernel::exec::{device_env, ExecConfig, ExecKernel};
@@ -12,26 +11,7 @@ use mqa_fuzz::oracle::Class;
 use std::time::{Duration, Instant};
 
 fn recipe(lens: Vec<usize>, next_n: usize, seed: u64) -> Recipe {
-    Recipe {
-        next_n,
-        heads: 8,
-        head_dim: 64,
-        block_size: 16,
-        layout: ValueLayout::Normal,
-        format: Fp8Format::E4m3fn,
-        lens: LensRecipe::PerSequence(lens),
-        model_len_slack: 5,
-        out_stride_pad: 3,
-        big_output: false,
-        table_order: TableOrder::Permuted,
-        padding: Padding::MinusOne,
-        surplus_blocks: 1,
-        table_stride_pad: 2,
-        kv_stride_pad: 8,
-        offsets: OffsetClass::Low,
-        values: ValueKind::Pipeline,
-        seed,
-    }
+    Recipe::small(lens, next_n, seed)
 }
 
 fn cases() -> Vec<Case> {

@@ -130,6 +130,33 @@ pub struct Recipe {
 }
 
 impl Recipe {
+    /// A small recipe with every layout hazard switched on: 8 heads, D 64, block 16,
+    /// e4m3fn, a permuted block table with `-1` padding, padded table/KV/output strides,
+    /// one surplus block and pipeline-quantized values. Tests and benchmarks start here
+    /// and change fields with struct-update syntax (`Recipe { heads: 32, ..small }`).
+    pub fn small(lens: Vec<usize>, next_n: usize, seed: u64) -> Recipe {
+        Recipe {
+            next_n,
+            heads: 8,
+            head_dim: 64,
+            block_size: 16,
+            layout: ValueLayout::Normal,
+            format: Fp8Format::E4m3fn,
+            lens: LensRecipe::PerSequence(lens),
+            model_len_slack: 5,
+            out_stride_pad: 3,
+            big_output: false,
+            table_order: TableOrder::Permuted,
+            padding: Padding::MinusOne,
+            surplus_blocks: 1,
+            table_stride_pad: 2,
+            kv_stride_pad: 8,
+            offsets: OffsetClass::Low,
+            values: ValueKind::Pipeline,
+            seed,
+        }
+    }
+
     pub fn batch(&self) -> usize {
         match &self.lens {
             LensRecipe::PerSequence(v) => v.len(),

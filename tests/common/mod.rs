@@ -1,8 +1,7 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
-use mqa_fuzz::case::{Case, ValueLayout};
-use mqa_fuzz::fp8::Fp8Format;
+use mqa_fuzz::case::Case;
 use mqa_fuzz::generate::*;
 use mqa_fuzz::harness::{run_and_judge, ReferenceCache};
 use mqa_fuzz::kernel;
@@ -11,24 +10,9 @@ use mqa_fuzz::oracle::{OracleConfig, Verdict};
 /// A small, valid recipe: permuted table with -1 padding, padded strides, pipeline values.
 pub fn recipe(lens: Vec<usize>, next_n: usize) -> Recipe {
     Recipe {
-        next_n,
         heads: 4,
         head_dim: 32,
-        block_size: 16,
-        layout: ValueLayout::Normal,
-        format: Fp8Format::E4m3fn,
-        lens: LensRecipe::PerSequence(lens),
-        model_len_slack: 5,
-        out_stride_pad: 3,
-        big_output: false,
-        table_order: TableOrder::Permuted,
-        padding: Padding::MinusOne,
-        surplus_blocks: 1,
-        table_stride_pad: 2,
-        kv_stride_pad: 8,
-        offsets: OffsetClass::Low,
-        values: ValueKind::Pipeline,
-        seed: 7,
+        ..Recipe::small(lens, next_n, 7)
     }
 }
 

@@ -3,8 +3,6 @@
 //! report module's own pictures. Nothing is hand-written except the signature scheme.
 #![allow(dead_code)]
 
-use mqa_fuzz::case::ValueLayout;
-use mqa_fuzz::fp8::Fp8Format;
 use mqa_fuzz::generate::*;
 use mqa_fuzz::harness::{run_and_judge, ReferenceCache};
 use mqa_fuzz::kernel;
@@ -12,26 +10,7 @@ use mqa_fuzz::oracle::OracleConfig;
 use mqa_fuzz::report::*;
 
 pub fn recipe(lens: Vec<usize>, next_n: usize, seed: u64) -> Recipe {
-    Recipe {
-        next_n,
-        heads: 8,
-        head_dim: 64,
-        block_size: 16,
-        layout: ValueLayout::Normal,
-        format: Fp8Format::E4m3fn,
-        lens: LensRecipe::PerSequence(lens),
-        model_len_slack: 5,
-        out_stride_pad: 3,
-        big_output: false,
-        table_order: TableOrder::Permuted,
-        padding: Padding::MinusOne,
-        surplus_blocks: 1,
-        table_stride_pad: 2,
-        kv_stride_pad: 8,
-        offsets: OffsetClass::Low,
-        values: ValueKind::Pipeline,
-        seed,
-    }
+    Recipe::small(lens, next_n, seed)
 }
 
 /// The recipe of case `seed`: lengths vary with the seed so cases differ in shape.

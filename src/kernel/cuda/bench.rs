@@ -27,24 +27,10 @@ use std::time::{Duration, Instant};
 
 fn recipe(heads: usize, head_dim: usize, next_n: usize, lens: LensRecipe, seed: u64) -> Recipe {
     Recipe {
-        next_n,
         heads,
         head_dim,
-        block_size: 16,
-        layout: ValueLayout::Normal,
-        format: Fp8Format::E4m3fn,
         lens,
-        model_len_slack: 5,
-        out_stride_pad: 3,
-        big_output: false,
-        table_order: TableOrder::Permuted,
-        padding: Padding::MinusOne,
-        surplus_blocks: 1,
-        table_stride_pad: 2,
-        kv_stride_pad: 8,
-        offsets: OffsetClass::Low,
-        values: ValueKind::Pipeline,
-        seed,
+        ..Recipe::small(Vec::new(), next_n, seed)
     }
 }
 
