@@ -4,9 +4,8 @@
 //!
 //! Run: `cargo run --release --example reference_throughput [-- REPS]`
 
-use mqa_fuzz::case::{ScalePlacement, ValueLayout};
-use mqa_fuzz::fp8::Fp8Format;
-use mqa_fuzz::generate::{LensRecipe, OffsetClass, Padding, Recipe, TableOrder, ValueKind};
+use mqa_fuzz::case::ScalePlacement;
+use mqa_fuzz::generate::Recipe;
 use mqa_fuzz::kernel::{self, OutputBuffer};
 use mqa_fuzz::reference::{self, RowSelection};
 use std::time::{Duration, Instant};
@@ -17,26 +16,7 @@ fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(5);
     let lens: Vec<usize> = (0..8).map(|b| 4096 - 61 * b + 17 * (b % 3)).collect();
-    let recipe = Recipe {
-        next_n: 2,
-        heads: 64,
-        head_dim: 128,
-        block_size: 64,
-        layout: ValueLayout::Normal,
-        format: Fp8Format::E4m3fn,
-        lens: LensRecipe::PerSequence(lens.clone()),
-        model_len_slack: 0,
-        out_stride_pad: 0,
-        big_output: false,
-        table_order: TableOrder::Permuted,
-        padding: Padding::Zero,
-        surplus_blocks: 0,
-        table_stride_pad: 0,
-        kv_stride_pad: 0,
-        offsets: OffsetClass::Low,
-        values: ValueKind::Pipeline,
-        seed: 1,
-    };
+    let recipe = Recipe::production(lens.clone(), 2, 1);
     let case = recipe.materialize();
     case.validate().expect("valid case");
     let s = &case.shape;

@@ -6,9 +6,8 @@
 //! each judged by the oracle, plus a throughput loop; results are printed as a table for
 //! docs/bench-exec.md.
 
-use mqa_fuzz::case::{Case, ValueLayout};
+use mqa_fuzz::case::Case;
 use mqa_fuzz::cli::verdict_line;
-use mqa_fuzz::fp8::Fp8Format;
 use mqa_fuzz::generate::*;
 use mqa_fuzz::harness::{run_and_judge, ReferenceCache};
 use mqa_fuzz::kernel;
@@ -17,24 +16,14 @@ use std::time::Instant;
 
 fn base(lens: Vec<usize>, next_n: usize, seed: u64) -> Recipe {
     Recipe {
-        next_n,
         heads: 64,
         head_dim: 128,
         block_size: 64,
-        layout: ValueLayout::Normal,
-        format: Fp8Format::E4m3fn,
-        lens: LensRecipe::PerSequence(lens),
         model_len_slack: 7,
         out_stride_pad: 0,
-        big_output: false,
-        table_order: TableOrder::Permuted,
-        padding: Padding::MinusOne,
-        surplus_blocks: 1,
         table_stride_pad: 3,
         kv_stride_pad: 16,
-        offsets: OffsetClass::Low,
-        values: ValueKind::Pipeline,
-        seed,
+        ..Recipe::small(lens, next_n, seed)
     }
 }
 

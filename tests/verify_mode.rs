@@ -1,34 +1,22 @@
 //! `--verify full|sample:<f>|boundaries`: what each mode selects, that the oracle judges
 //! sampled references correctly, and that a planted error at a boundary is caught.
 
-use mqa_fuzz::generate::recipe::{LensRecipe, OffsetClass, Padding, Recipe, TableOrder, ValueKind};
+use mqa_fuzz::generate::recipe::{Padding, Recipe};
 use mqa_fuzz::kernel::{self, OutputBuffer};
 use mqa_fuzz::oracle::{self, Class, OracleConfig};
 use mqa_fuzz::reference::{
     self, fraction_checked, verify::boundary_positions, PositionSet, RowSelection, VerifyMode,
 };
-use mqa_fuzz::{Case, Fp8Format, ScalePlacement, ValueLayout};
+use mqa_fuzz::{Case, ScalePlacement};
 
 fn case(lens: Vec<usize>, next_n: usize, block_size: usize) -> Case {
     Recipe {
-        next_n,
-        heads: 8,
         head_dim: 32,
         block_size,
-        layout: ValueLayout::Normal,
-        format: Fp8Format::E4m3fn,
-        lens: LensRecipe::PerSequence(lens),
-        model_len_slack: 5,
-        out_stride_pad: 3,
-        big_output: false,
-        table_order: TableOrder::Permuted,
         padding: Padding::Zero,
-        surplus_blocks: 1,
         table_stride_pad: 0,
         kv_stride_pad: 0,
-        offsets: OffsetClass::Low,
-        values: ValueKind::Pipeline,
-        seed: 42,
+        ..Recipe::small(lens, next_n, 42)
     }
     .materialize()
 }

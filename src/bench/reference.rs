@@ -2,12 +2,9 @@
 //! against this machine's measured f64 FMA peak and numpy's BLAS, 1 thread vs all.
 
 use super::{numpy, peak};
-use crate::case::{Case, ScalePlacement, ValueLayout};
+use crate::case::{Case, ScalePlacement};
 use crate::error::Fatal;
-use crate::fp8::Fp8Format;
-use crate::generate::recipe::{
-    rng_for, LensRecipe, OffsetClass, Padding, Recipe, TableOrder, ValueKind,
-};
+use crate::generate::recipe::{rng_for, LensRecipe, Recipe};
 use crate::reference::{self, Backend, RowSelection};
 use rand::RngExt;
 use serde::Serialize;
@@ -58,24 +55,8 @@ pub fn cases() -> Vec<BenchCase> {
 
 fn recipe(next_n: usize, lens: LensRecipe, seed: u64) -> Recipe {
     Recipe {
-        next_n,
-        heads: 64,
-        head_dim: 128,
-        block_size: 64,
-        layout: ValueLayout::Normal,
-        format: Fp8Format::E4m3fn,
         lens,
-        model_len_slack: 0,
-        out_stride_pad: 0,
-        big_output: false,
-        table_order: TableOrder::Permuted,
-        padding: Padding::Zero,
-        surplus_blocks: 0,
-        table_stride_pad: 0,
-        kv_stride_pad: 0,
-        offsets: OffsetClass::Low,
-        values: ValueKind::Pipeline,
-        seed,
+        ..Recipe::production(Vec::new(), next_n, seed)
     }
 }
 

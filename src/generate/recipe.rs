@@ -157,6 +157,24 @@ impl Recipe {
         }
     }
 
+    /// The production shape of the engines (H 64, D 128, block 64, e4m3fn) with no
+    /// layout hazards: tight strides, zero table padding, no spare blocks. Benchmarks
+    /// time this one.
+    pub fn production(lens: Vec<usize>, next_n: usize, seed: u64) -> Recipe {
+        Recipe {
+            heads: 64,
+            head_dim: 128,
+            block_size: 64,
+            model_len_slack: 0,
+            out_stride_pad: 0,
+            padding: Padding::Zero,
+            surplus_blocks: 0,
+            table_stride_pad: 0,
+            kv_stride_pad: 0,
+            ..Recipe::small(lens, next_n, seed)
+        }
+    }
+
     pub fn batch(&self) -> usize {
         match &self.lens {
             LensRecipe::PerSequence(v) => v.len(),

@@ -43,20 +43,12 @@ pub fn class_map_svg(map: &ClassMap, title: &str) -> String {
     let legend_rows = shown.len().div_ceil(3);
     let width = (left + pw + 16).max(600);
     let height = top + ph + 40 + legend_rows * 18 + 8;
-    let mut s = String::new();
-    let _ = write!(
-        s,
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" viewBox=\"0 0 {width} {height}\" shape-rendering=\"crispEdges\" role=\"img\">"
-    );
-    let _ = write!(s, "<title>{}</title>", escape(title));
-    let _ = write!(
-        s,
-        "<rect x=\"0\" y=\"0\" width=\"{width}\" height=\"{height}\" fill=\"#ffffff\"/>"
-    );
-    let _ = write!(
-        s,
-        "<text x=\"{left}\" y=\"14\" {FONT}>{}</text>",
-        escape(title)
+    let mut s = svg_open(
+        width,
+        height,
+        " shape-rendering=\"crispEdges\"",
+        title,
+        left,
     );
     for (i, line) in map.cells.iter().enumerate() {
         let y = top + i * ch;
@@ -160,21 +152,7 @@ pub fn histogram_svg(hist: &[u64], title: &str) -> String {
     let width = left + n * bw + 16;
     let height = top + ph + 36;
     let max = hist.iter().copied().max().unwrap_or(0).max(1) as f64;
-    let mut s = String::new();
-    let _ = write!(
-        s,
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" viewBox=\"0 0 {width} {height}\" role=\"img\">"
-    );
-    let _ = write!(s, "<title>{}</title>", escape(title));
-    let _ = write!(
-        s,
-        "<rect x=\"0\" y=\"0\" width=\"{width}\" height=\"{height}\" fill=\"#ffffff\"/>"
-    );
-    let _ = write!(
-        s,
-        "<text x=\"{left}\" y=\"14\" {FONT}>{}</text>",
-        escape(title)
-    );
+    let mut s = svg_open(width, height, "", title, left);
     for (i, &count) in hist.iter().enumerate() {
         let h = if count == 0 {
             0.0
@@ -218,5 +196,26 @@ pub fn histogram_svg(hist: &[u64], title: &str) -> String {
         top + ph
     );
     s.push_str("</svg>");
+    s
+}
+
+/// The opening every picture shares: the `<svg>` element (with `attrs`), its title for
+/// screen readers, a white background and the title drawn at `left`.
+fn svg_open(width: usize, height: usize, attrs: &str, title: &str, left: usize) -> String {
+    let mut s = String::new();
+    let _ = write!(
+        s,
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" viewBox=\"0 0 {width} {height}\"{attrs} role=\"img\">"
+    );
+    let _ = write!(s, "<title>{}</title>", escape(title));
+    let _ = write!(
+        s,
+        "<rect x=\"0\" y=\"0\" width=\"{width}\" height=\"{height}\" fill=\"#ffffff\"/>"
+    );
+    let _ = write!(
+        s,
+        "<text x=\"{left}\" y=\"14\" {FONT}>{}</text>",
+        escape(title)
+    );
     s
 }
