@@ -133,7 +133,6 @@ struct CaseResult {
     generate_secs: f64,
     reference_secs: f64,
     judge_secs: f64,
-    kernel_secs: Vec<f64>,
     run_wall_secs: Vec<f64>,
 }
 
@@ -176,7 +175,6 @@ impl Engine<'_> {
                 generate_secs,
                 reference_secs: 0.0,
                 judge_secs: 0.0,
-                kernel_secs: Vec::new(),
                 run_wall_secs: Vec::new(),
             };
         }
@@ -184,7 +182,6 @@ impl Engine<'_> {
             ReferenceCache::with_selection(&case, self.cfg.verify.selection(&case, seed));
         let mut verdicts = Vec::new();
         let mut outputs = Vec::new();
-        let mut kernel_secs = Vec::new();
         let mut run_wall_secs = Vec::new();
         let mut judge_secs = 0.0;
         let mut environment_error = None;
@@ -192,13 +189,6 @@ impl Engine<'_> {
             let j = harness::run_and_judge(kern.as_ref(), &case, &mut refs, &self.cfg.oracle);
             run_wall_secs.push(j.wall.as_secs_f64());
             judge_secs += j.judge.as_secs_f64();
-            kernel_secs.push(
-                j.verdict
-                    .run
-                    .kernel_time
-                    .map(|d| d.as_secs_f64())
-                    .unwrap_or(j.wall.as_secs_f64()),
-            );
             environment_error = environment_error.or(j.environment_error);
             verdicts.push(j.verdict);
             outputs.push(j.output);
@@ -235,7 +225,6 @@ impl Engine<'_> {
             generate_secs,
             reference_secs,
             judge_secs,
-            kernel_secs,
             run_wall_secs,
         }
     }
@@ -259,16 +248,18 @@ fn environment(command_line: &str) -> report::Environment {
     }
 }
 
+/// Folds one verdict into the kernel's statistics; returns the kernel time it counted
+/// (the kernel's own clock where it reports one, else the run's wall time).
 fn add_verdict(
     stats: &mut KernelStats,
     v: &Verdict,
-    kernel_secs: f64,
     run_wall_secs: f64,
     case: &crate::case::Case,
-) {
+) -> f64 {
+    let kernel_secs = v.run.kernel_time.map_or(run_wall_secs, |d| d.as_secs_f64());
     if v.skipped.is_some() {
         stats.skipped += 1;
-        return;
+        return kernel_secs;
     }
     if let Some(t) = v.run.kernel_time {
         stats
@@ -292,7 +283,7 @@ fn add_verdict(
     // A crashed case has no output for the guard to act on: not counted either way.
     if v.classes.contains_key(&Class::Crash) {
         stats.kernel_secs += kernel_secs;
-        return;
+        return kernel_secs;
     }
     let g = &mut stats.guard;
     g.cases += 1;
@@ -303,6 +294,7 @@ fn add_verdict(
     g.neg_inf += v.guard.neg_inf;
     stats.kernel_secs += kernel_secs;
     stats.max_err_over_bound = stats.max_err_over_bound.max(v.metrics.max_err_over_bound);
+    kernel_secs
 }
 
 fn quote(s: &str) -> String {
@@ -419,9 +411,6 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
             add_verdict(
                 report.per_kernel.get_mut(kern.name()).unwrap(),
                 &v,
-                v.run
-                    .kernel_time
-                    .map_or(j.wall.as_secs_f64(), |d| d.as_secs_f64()),
                 j.wall.as_secs_f64(),
                 &file.case,
             );
@@ -536,18 +525,12 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
                 }
                 let mut line = serde_json::json!({"k": r.k, "seed": format!("{:#018x}", r.seed), "recipe": short_recipe(&r.recipe)});
                 let mut kinds = Vec::new();
-                for (((kern, v), secs), wall) in engine
-                    .kernels
-                    .iter()
-                    .zip(&r.verdicts)
-                    .zip(&r.kernel_secs)
-                    .zip(&r.run_wall_secs)
+                for ((kern, v), wall) in
+                    engine.kernels.iter().zip(&r.verdicts).zip(&r.run_wall_secs)
                 {
-                    timings.kernel_secs += secs;
-                    add_verdict(
+                    timings.kernel_secs += add_verdict(
                         report.per_kernel.get_mut(kern.name()).unwrap(),
                         v,
-                        *secs,
                         *wall,
                         &r.case,
                     );
