@@ -256,32 +256,6 @@ pub fn copy_bandwidth(bytes: u64) -> Result<f64, String> {
     .map_err(|e| format!("{e:?}"))
 }
 
-/// Median kernel time of `variant` on `case` over `reps` launches (after one warm-up),
-/// with the output copied back from the last launch.
-pub fn time_variant(
-    variant: Variant,
-    case: &Case,
-    out: &mut OutputBuffer,
-    reps: usize,
-) -> Result<Duration, String> {
-    with_gpu(|gpu| {
-        let mut dc = DeviceCase::upload(gpu, case, out)?;
-        let timer = Timer::new().map_err(failure)?;
-        launch_variant(gpu, variant, case, &mut dc, &timer)?;
-        let mut times = Vec::new();
-        for _ in 0..reps {
-            launch_variant(gpu, variant, case, &mut dc, &timer)?;
-            times.push(timer.elapsed_ms().map_err(failure)? as f64);
-        }
-        times.sort_by(f64::total_cmp);
-        dc.download_output(out)?;
-        Ok(Duration::from_secs_f64(times[times.len() / 2] / 1e3))
-    })
-    .map_err(|e| match e {
-        GpuFailure::Environment(m) | GpuFailure::Fault(m) | GpuFailure::OutOfMemory(m) => m,
-    })
-}
-
 /// `mqa-fuzz gpu-selfcheck`: returns exit 0 when everything holds, 1 otherwise.
 pub fn selfcheck(cases: usize, oracle_cases: usize) -> Result<i32, Fatal> {
     device::availability().map_err(Fatal::environment)?;
