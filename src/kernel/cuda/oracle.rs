@@ -57,8 +57,13 @@ pub struct OracleTuning {
 }
 
 impl OracleTuning {
+    /// f32 queries, one head tile, three CTAs per SM: takes every shape.
+    pub const PLAIN: OracleTuning = OracleTuning::new(false, 1, 3, false, false);
+    /// [`Self::PLAIN`] with float4 query loads (D 64/128).
+    pub const VECTOR: OracleTuning = OracleTuning::new(false, 1, 3, false, true);
+
     pub const ALL: [OracleTuning; 13] = [
-        OracleTuning::new(false, 1, 3, false, false),
+        OracleTuning::PLAIN,
         OracleTuning::new(true, 1, 3, false, false),
         OracleTuning::new(false, 2, 3, false, false),
         OracleTuning::new(false, 1, 2, false, false),
@@ -66,7 +71,7 @@ impl OracleTuning {
         OracleTuning::new(true, 1, 3, true, false),
         OracleTuning::new(false, 1, 2, true, false),
         OracleTuning::new(false, 2, 2, true, false),
-        OracleTuning::new(false, 1, 3, false, true),
+        OracleTuning::VECTOR,
         OracleTuning::new(false, 1, 2, false, true),
         OracleTuning::new(false, 1, 3, false, true).chunks(4),
         OracleTuning::new(false, 1, 3, false, true).chunks(16),
@@ -108,13 +113,11 @@ impl OracleTuning {
     /// (3.23 ms) and beat it by 5-20% on the small ones, so they are used where they fit
     /// (D 64/128); the plain f32 kernel takes every other shape [`rejects`] lets through.
     pub fn for_shape(shape: &Shape) -> OracleTuning {
-        let (vector, plain) = (OracleTuning::ALL[8], OracleTuning::ALL[0]);
-        debug_assert!(vector.vector_loads && !plain.vector_loads && !plain.pipelined);
-        debug_assert!(rejects_shape(shape).is_some() || plain.fits(shape));
-        if vector.fits(shape) {
-            vector
+        debug_assert!(rejects_shape(shape).is_some() || Self::PLAIN.fits(shape));
+        if Self::VECTOR.fits(shape) {
+            Self::VECTOR
         } else {
-            plain
+            Self::PLAIN
         }
     }
 
