@@ -3,32 +3,41 @@
 // Every fp8 value is an integer times 2^-9 (fn) or 2^-10 (fnuz) below 2^18 in
 // magnitude, so each product is an integer times 2^-18/2^-20 below 2^36 and every
 // partial sum of up to 2^17 of them fits f64's 53 bits: the dot products are exact
-// whatever the order, so the FP64 tensor cores (mma.sync m8n8k4 f64) compute them.
+// whatever the order, so the FP64 tensor cores (mma.sync f64) compute them.
 // What is not exact — the weighted head sum and the final scale — is done exactly as
 // on the CPU: heads in order 0..H-1, explicit _rn operations (no FMA contraction),
 // ReLU that keeps NaN.
 //
-// Layout: CTA (4 warps) = (sequence, up to OCH 64-token chunks). The queries of `nr`
-// next_n rows at a time are decoded once per CTA into shared memory as f32 (exact for
-// fp8 values; converted to f64 on load, which halves shared memory and so keeps three
-// CTAs per SM); each warp decodes the keys of its 16 tokens of a chunk (two n-tiles of
-// 8) to f64 registers once and sweeps every row and head in m-tiles of 8. Thread t of
-// a quad owns dims t*D/4 .. t*D/4 + D/4 - 1 (k-step s -> dim t*D/4 + s); the queries
-// are stored permuted (s*4 + t, rows padded to D+4) so the loads are conflict-free.
+// Layout: CTA (4 warps) = (sequence, up to `chunks_per_cta` chunks of 4 * WT tokens).
+// The queries of `nr` next_n rows at a time are decoded once per CTA into shared
+// memory (4 bytes each: exact for fp8 values); each warp decodes the keys of its WT
+// tokens of a chunk (ONT n-tiles of 8) into registers once and sweeps every row and
+// head in m-tiles of 8 (or 16 with DW), staging the dots in shared memory; then each
+// lane owns one token and sums the heads in order. Thread t of a quad owns dims
+// t*D/4 .. t*D/4 + D/4 - 1 (k-step s -> dim t*D/4 + s); the queries are stored
+// permuted (s*4 + t, rows padded to D+4) so the loads are conflict-free.
 //
-// Two tuning defines, chosen per shape by the host (src/kernel/cuda/oracle.rs):
-// QF64=1 keeps the decoded queries in shared memory as f64 (no f32->f64 conversion in
-// the inner loop, which competes with the DMMAs for the FP64 pipe; needs twice the
-// shared memory, so only when one row of queries fits), MTG=2 sweeps two m-tiles of 8
-// heads per pass (four independent accumulator chains instead of two, each query
-// value loaded once per two DMMAs), OMINB=2 asks for two CTAs per SM instead of three
-// (up to 255 registers: no spills with MTG=2), PIPE=1 double-buffers the staged dots so
-// a group's head sum runs while the next group's DMMAs drain (ncu on v2: the DP tensor
-// pipe was 64% busy, warps stalled on shared loads and the half-warp head sum), QV=1
-// lays each lane's queries out contiguously and loads four k-steps with one float4
-// (a quarter of the shared loads; f32 queries, one head tile, D 64/128). None
-// changes a bit of the result: the
-// dots are exact and the head sum keeps the order 0..H-1.
+// Tuning defines, chosen per shape and device by the host (src/kernel/cuda/oracle.rs;
+// `bench oracle` times them, BENCHMARKS.md has the numbers). None changes a bit of the
+// result: the dots are exact and the head sum keeps the order 0..H-1.
+//   DW=1    the m16n8k16 f64 MMA of sm_90 (16 heads x 8 tokens x 16 dims per
+//           instruction) instead of m8n8k4 (8 x 8 x 4): Hopper runs m8n8k4 at about
+//           half its FP64 tensor rate. Needs MTG=2 and QV=1.
+//   QHI=1   queries kept as the high word of their f64 (an fp8 value's low word is
+//           zero): the operand is a register move, not an f32->f64 conversion on the
+//           FP64 pipe the MMAs need.
+//   KHI=1   the decoded keys held as high words too: 64 registers instead of 128,
+//           so four CTAs per SM instead of two or three.
+//   SPAD=1  staged dots padded by one double per token: the head sum's loads (lane =
+//           token, stride 16 doubles) were 16-way bank conflicts; with the pad they
+//           are conflict-free (ncu: shared memory had been the busiest unit).
+//   ONT=4   32 tokens per warp: each query fragment feeds four MMAs, and the head sum
+//           keeps all 32 lanes busy (twice the key registers).
+//   QV=1    each lane's queries contiguous, four k-steps per 128-bit load (4-byte
+//           queries, D 64/128).
+//   MTG=2   two m-tiles of 8 heads per pass; QF64=1 queries as f64 in shared memory;
+//   OMINB   CTAs per SM for the register budget; PIPE=1 double-buffered stage, so a
+//           group's head sum overlaps the next group's MMAs.
 
 #ifndef DD
 #define DD 128
@@ -46,8 +55,17 @@
 #define PIPE 0
 #endif
 #define OWARPS 4
-#define OTOK 64
+// ONT n-tiles of 8 tokens per warp (WT tokens: one per lane in the head sum), OTOK
+// tokens per CTA; SPAD pads each staged token's dots by one double, so the head sum's
+// loads (lane = token) hit distinct banks instead of one.
+#ifndef ONT
 #define ONT 2
+#endif
+#define WT (8 * ONT)
+#define OTOK (OWARPS * WT)
+#ifndef SPAD
+#define SPAD 0
+#endif
 #define KPT (DD / 4)
 #ifndef QV
 #define QV 0
@@ -61,11 +79,52 @@
 #else
 #define QRS (DD + 4)
 #endif
+#ifndef QHI
+#define QHI 0
+#endif
+#ifndef DW
+#define DW 0
+#endif
+#if QF64 && QV
+#error "vector query loads take 4-byte queries"
+#endif
+#if DW && (MTG != 2 || !QV)
+#error "DW (m16n8k16) takes two head tiles of 8 and vector query loads"
+#endif
+#ifndef KHI
+#define KHI 0
+#endif
 #define SHEADS (8 * MTG)
+#define SROW (SHEADS + SPAD)
+// How a decoded key sits in registers: as its f64, or (KHI) as the f64's high word,
+// which halves the registers the keys hold (the operand is rebuilt by a move).
+#if KHI
+typedef unsigned kelem;
+#define KSTORE(d) ((unsigned)__double2hiint(d))
+#define KVAL(x) __hiloint2double((int)(x), 0)
+#else
+typedef double kelem;
+#define KSTORE(d) (d)
+#define KVAL(x) (x)
+#endif
+// How a decoded query sits in shared memory and becomes an f64 operand.
 #if QF64
 typedef double qelem;
+#define QSTORE(f) ((double)(f))
+#define QVAL(x) (x)
+#elif QHI
+// The high word of the f64: an fp8 value has at most 4 significant bits, so the low
+// word of its f64 is zero and the operand is built with a register move, not a
+// conversion on the FP64 pipe the DMMAs need.
+typedef unsigned qelem;
+typedef uint4 qvec4;
+#define QSTORE(f) ((unsigned)__double2hiint((double)(f)))
+#define QVAL(x) __hiloint2double((int)(x), 0)
 #else
 typedef float qelem;
+typedef float4 qvec4;
+#define QSTORE(f) ((float)(f))
+#define QVAL(x) ((double)(x))
 #endif
 
 __device__ __forceinline__ void dmma(double* c, double a, double b) {
@@ -73,6 +132,19 @@ __device__ __forceinline__ void dmma(double* c, double a, double b) {
                  : "+d"(c[0]), "+d"(c[1])
                  : "d"(a), "d"(b));
 }
+
+#if DW
+// m16n8k16 (sm_90+): A rows g (a[0,2,4,6]) and g+8 (a[1,3,5,7]) at k = t4 + 4j for
+// a[2j], a[2j+1] and b[j]; C rows g (c0, c1) and g+8 (c2, c3), columns 2*t4 + {0, 1}.
+// Which dimension a k is does not matter (the dots are exact in any order) as long as
+// A and B agree: here k = t4 + 4j is dimension t4*KPT + s + j, as for the m8n8k4 form.
+__device__ __forceinline__ void dmma16(double* lo, double* hi, const double* a, const double* b) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f64.f64.f64.f64 {%0,%1,%2,%3}, {%4,%5,%6,%7,%8,%9,%10,%11}, {%12,%13,%14,%15}, {%0,%1,%2,%3};\n"
+                 : "+d"(lo[0]), "+d"(lo[1]), "+d"(hi[0]), "+d"(hi[1])
+                 : "d"(a[0]), "d"(a[1]), "d"(a[2]), "d"(a[3]), "d"(a[4]), "d"(a[5]), "d"(a[6]), "d"(a[7]),
+                   "d"(b[0]), "d"(b[1]), "d"(b[2]), "d"(b[3]));
+}
+#endif
 
 // value/mag: compact rows (row r starts at row_off[r]); inside: 1 for InsideRelu;
 // nr: next_n rows whose queries fit shared memory at once. Heads must be a multiple
@@ -82,8 +154,8 @@ extern "C" __global__ void __launch_bounds__(OWARPS * 32, OMINB) oracle_f64(cons
     const int H = p.heads;
     double* tab = osm;                             // 256
     double* wd = tab + 256;                        // nr * H
-    double* stage = wd + nr * H;                   // OWARPS * (1 + PIPE) * 16 tokens * SHEADS heads
-    qelem* qf = (qelem*)(stage + OWARPS * (1 + PIPE) * 16 * SHEADS);  // nr * H rows of QRS (permuted)
+    double* stage = wd + nr * H;                   // OWARPS * (1 + PIPE) * WT tokens * SROW
+    qelem* qf = (qelem*)(stage + OWARPS * (1 + PIPE) * WT * SROW);  // nr * H rows of QRS (permuted)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
     for (int k = threadIdx.x; k < 256; k += blockDim.x) tab[k] = (double)p.decode[(p.fnuz ? 256 : 0) + k];
     for (int b = blockIdx.y; b < p.batch; b += gridDim.y) {
@@ -92,23 +164,33 @@ extern "C" __global__ void __launch_bounds__(OWARPS * 32, OMINB) oracle_f64(cons
         for (int i0 = 0; i0 < p.next_n; i0 += nr) {
             const int rows_here = min(nr, p.next_n - i0);
             __syncthreads();
-            for (int e = threadIdx.x; e < rows_here * H * DD; e += blockDim.x) {
+            // Four codes per 32-bit load (D % 16 == 0: they share a row and a lane's
+            // segment), several loads in flight: a byte-wise loop waited out one global
+            // latency per code, which made short chunks per CTA expensive.
+            const u8* qsrc = p.q + ((u64)(b * p.next_n + i0) * H) * DD;
+#pragma unroll 4
+            for (int e = threadIdx.x * 4; e < rows_here * H * DD; e += blockDim.x * 4) {
+                const u32 w = *(const u32*)(qsrc + e);
                 const int row = e / DD, d = e % DD;  // row = ii*H + h
                 const int t = d / KPT, s = d % KPT;
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const double f = tab[(w >> (8 * j)) & 0xFF];
 #if QV
-                qf[row * QRS + t * QSEG + s] = (qelem)p.decode[(p.fnuz ? 256 : 0) + p.q[((u64)(b * p.next_n + i0) * H) * DD + e]];
+                    qf[row * QRS + t * QSEG + s + j] = QSTORE(f);
 #else
-                qf[row * QRS + s * 4 + t] = (qelem)p.decode[(p.fnuz ? 256 : 0) + p.q[((u64)(b * p.next_n + i0) * H) * DD + e]];
+                    qf[row * QRS + (s + j) * 4 + t] = QSTORE(f);
 #endif
+                }
             }
             for (int e = threadIdx.x; e < rows_here * H; e += blockDim.x) wd[e] = (double)p.weights[(u64)(b * p.next_n + i0) * H + e];
             __syncthreads();
             for (int c = blockIdx.x; c * OTOK < stok; c += gridDim.x) {
-                // Keys of this warp's 16 tokens, decoded to f64.
-                double kd[ONT][KPT];
+                // Keys of this warp's WT tokens, decoded to f64.
+                kelem kd[ONT][KPT];
 #pragma unroll
                 for (int n = 0; n < ONT; n++) {
-                    const int tok = c * OTOK + warp * 16 + n * 8 + g;
+                    const int tok = c * OTOK + warp * WT + n * 8 + g;
                     if (tok < stok) {
                         const int id = p.table[(i64)b * p.table_stride + tok / p.block_size];
                         const int slot = tok % p.block_size;
@@ -117,17 +199,17 @@ extern "C" __global__ void __launch_bounds__(OWARPS * 32, OMINB) oracle_f64(cons
                         for (int s = 0; s < KPT; s += 4) {
                             const u32 w = *(const u32*)(blk + value_offset(p.layout, DD, slot, t4 * KPT + s));
 #pragma unroll
-                            for (int e = 0; e < 4; e++) kd[n][s + e] = tab[(w >> (8 * e)) & 0xFF];
+                            for (int e = 0; e < 4; e++) kd[n][s + e] = KSTORE(tab[(w >> (8 * e)) & 0xFF]);
                         }
                     } else {
 #pragma unroll
-                        for (int s = 0; s < KPT; s++) kd[n][s] = 0.0;
+                        for (int s = 0; s < KPT; s++) kd[n][s] = KSTORE(0.0);
                     }
                 }
-                // Lanes 0..15 of each warp own one token each for the combine.
-                const int my_tok = c * OTOK + warp * 16 + lane;
+                // Lanes 0..WT-1 of each warp own one token each for the combine.
+                const int my_tok = c * OTOK + warp * WT + lane;
                 double my_scale = 0.0;
-                if (lane < 16 && my_tok < stok) {
+                if (lane < WT && my_tok < stok) {
                     const int id = p.table[(i64)b * p.table_stride + my_tok / p.block_size];
                     const u8* blk = p.kv + (u64)((i64)id * (i64)p.kv_stride);
                     my_scale = (double)*(const float*)(blk + (u64)p.block_size * DD + 4 * (u64)(my_tok % p.block_size));
@@ -135,15 +217,15 @@ extern "C" __global__ void __launch_bounds__(OWARPS * 32, OMINB) oracle_f64(cons
                 for (int ii = 0; ii < rows_here; ii++) {
                     const int r = b * p.next_n + i0 + ii;
                     const int len = valid_len(p, r);
-                    if (c * OTOK + warp * 16 >= len) continue;  // uniform per warp
+                    if (c * OTOK + warp * WT >= len) continue;  // uniform per warp
                     double v = 0.0, m = 0.0;
                     // Head sum of the m-tile group whose dots are staged in `sb`, in head
                     // order (lanes 0..15: one token each).
                     auto combine = [&](const double* sb, int mt) {
-                        if (lane < 16) {
+                        if (lane < WT) {
 #pragma unroll
                             for (int hh = 0; hh < SHEADS; hh++) {
-                                const double dot = sb[lane * SHEADS + hh];
+                                const double dot = sb[lane * SROW + hh];
                                 const double w = wd[ii * H + mt * 8 + hh];
                                 double t = inside ? __dmul_rn(w, relu_keep_nan_d(__dmul_rn(dot, my_scale)))
                                                   : __dmul_rn(w, relu_keep_nan_d(dot));
@@ -152,27 +234,43 @@ extern "C" __global__ void __launch_bounds__(OWARPS * 32, OMINB) oracle_f64(cons
                             }
                         }
                     };
-                    double* st0 = stage + warp * (1 + PIPE) * 16 * SHEADS;
+                    double* st0 = stage + warp * (1 + PIPE) * WT * SROW;
                     for (int mt = 0; mt < H / 8; mt += MTG) {
                         double acc[MTG][ONT][2];
 #pragma unroll
                         for (int u = 0; u < MTG; u++)
 #pragma unroll
                             for (int n = 0; n < ONT; n++) { acc[u][n][0] = 0.0; acc[u][n][1] = 0.0; }
-#if QV
-                        // One 128-bit load feeds four k-steps (MTG == 1, f32 queries).
-                        const float* qrow = qf + (ii * H + mt * 8 + g) * QRS + t4 * QSEG;
+#if DW
+                        // Heads mt*8 + g and mt*8 + 8 + g: two 128-bit loads feed one
+                        // m16n8k16 per n-tile (four k-steps of each lane).
+                        const qelem* qrow = qf + (ii * H + mt * 8 + g) * QRS + t4 * QSEG;
 #pragma unroll
                         for (int s = 0; s < KPT; s += 4) {
-                            const float4 a4 = *(const float4*)(qrow + s);
+                            const qvec4 lo = *(const qvec4*)(qrow + s);
+                            const qvec4 hi = *(const qvec4*)(qrow + 8 * QRS + s);
+                            const double a[8] = {QVAL(lo.x), QVAL(hi.x), QVAL(lo.y), QVAL(hi.y),
+                                                 QVAL(lo.z), QVAL(hi.z), QVAL(lo.w), QVAL(hi.w)};
 #pragma unroll
-                            for (int n = 0; n < ONT; n++) dmma(acc[0][n], (double)a4.x, kd[n][s]);
+                            for (int n = 0; n < ONT; n++) {
+                                const double bk[4] = {KVAL(kd[n][s]), KVAL(kd[n][s + 1]), KVAL(kd[n][s + 2]), KVAL(kd[n][s + 3])};
+                                dmma16(acc[0][n], acc[1][n], a, bk);
+                            }
+                        }
+#elif QV
+                        // One 128-bit load feeds four k-steps (MTG == 1).
+                        const qelem* qrow = qf + (ii * H + mt * 8 + g) * QRS + t4 * QSEG;
 #pragma unroll
-                            for (int n = 0; n < ONT; n++) dmma(acc[0][n], (double)a4.y, kd[n][s + 1]);
+                        for (int s = 0; s < KPT; s += 4) {
+                            const qvec4 a4 = *(const qvec4*)(qrow + s);
 #pragma unroll
-                            for (int n = 0; n < ONT; n++) dmma(acc[0][n], (double)a4.z, kd[n][s + 2]);
+                            for (int n = 0; n < ONT; n++) dmma(acc[0][n], QVAL(a4.x), KVAL(kd[n][s]));
 #pragma unroll
-                            for (int n = 0; n < ONT; n++) dmma(acc[0][n], (double)a4.w, kd[n][s + 3]);
+                            for (int n = 0; n < ONT; n++) dmma(acc[0][n], QVAL(a4.y), KVAL(kd[n][s + 1]));
+#pragma unroll
+                            for (int n = 0; n < ONT; n++) dmma(acc[0][n], QVAL(a4.z), KVAL(kd[n][s + 2]));
+#pragma unroll
+                            for (int n = 0; n < ONT; n++) dmma(acc[0][n], QVAL(a4.w), KVAL(kd[n][s + 3]));
                         }
 #else
                         const qelem* qrow = qf + (ii * H + mt * 8 + g) * QRS + t4;
@@ -180,17 +278,17 @@ extern "C" __global__ void __launch_bounds__(OWARPS * 32, OMINB) oracle_f64(cons
                         for (int s = 0; s < KPT; s++) {
 #pragma unroll
                             for (int u = 0; u < MTG; u++) {
-                                const double a = (double)qrow[u * 8 * QRS + s * 4];
+                                const double a = QVAL(qrow[u * 8 * QRS + s * 4]);
 #pragma unroll
-                                for (int n = 0; n < ONT; n++) dmma(acc[u][n], a, kd[n][s]);
+                                for (int n = 0; n < ONT; n++) dmma(acc[u][n], a, KVAL(kd[n][s]));
                             }
                         }
 #endif
 #if PIPE
                         // Software pipelining: the previous group's head sum runs while
                         // this group's DMMAs drain; its dots sit in the other buffer.
-                        double* st = st0 + ((mt / MTG) & 1) * 16 * SHEADS;
-                        if (mt > 0) combine(st0 + (((mt / MTG) - 1) & 1) * 16 * SHEADS, mt - MTG);
+                        double* st = st0 + ((mt / MTG) & 1) * WT * SROW;
+                        if (mt > 0) combine(st0 + (((mt / MTG) - 1) & 1) * WT * SROW, mt - MTG);
 #else
                         double* st = st0;
 #endif
@@ -199,8 +297,8 @@ extern "C" __global__ void __launch_bounds__(OWARPS * 32, OMINB) oracle_f64(cons
                         for (int u = 0; u < MTG; u++)
 #pragma unroll
                             for (int n = 0; n < ONT; n++) {
-                                st[(n * 8 + 2 * t4) * SHEADS + u * 8 + g] = acc[u][n][0];
-                                st[(n * 8 + 2 * t4 + 1) * SHEADS + u * 8 + g] = acc[u][n][1];
+                                st[(n * 8 + 2 * t4) * SROW + u * 8 + g] = acc[u][n][0];
+                                st[(n * 8 + 2 * t4 + 1) * SROW + u * 8 + g] = acc[u][n][1];
                             }
                         __syncwarp();
 #if !PIPE
@@ -211,11 +309,11 @@ extern "C" __global__ void __launch_bounds__(OWARPS * 32, OMINB) oracle_f64(cons
 #if PIPE
                     {
                         const int last = H / 8 - MTG;
-                        combine(st0 + ((last / MTG) & 1) * 16 * SHEADS, last);
+                        combine(st0 + ((last / MTG) & 1) * WT * SROW, last);
                         __syncwarp();
                     }
 #endif
-                    if (lane < 16 && my_tok < len) {
+                    if (lane < WT && my_tok < len) {
                         const u64 o = row_off[r] + my_tok;
                         value[o] = inside ? v : __dmul_rn(v, my_scale);
                         mag[o] = inside ? m : __dmul_rn(m, fabs(my_scale));

@@ -354,6 +354,7 @@ pub fn selfcheck(cases: usize, oracle_cases: usize) -> Result<i32, Fatal> {
 
     // 3. GPU oracle bit-identical to the CPU reference, in every tuning that fits.
     let (mut same, mut total) = (0, 0);
+    let major = with_gpu(|gpu| Ok(gpu.major)).unwrap_or(0);
     for seed in 0..oracle_cases as u64 {
         let case = random_recipe(1000 + seed, true).materialize();
         if oracle::rejects(&case).is_some() {
@@ -365,9 +366,9 @@ pub fn selfcheck(cases: usize, oracle_cases: usize) -> Result<i32, Fatal> {
             let cpu = reference::compute(&case, placement, &RowSelection::All);
             for tuning in OracleTuning::ALL
                 .into_iter()
-                .filter(|t| t.fits(&case.shape))
+                .filter(|t| t.runs_on(major) && t.fits(&case.shape))
             {
-                match oracle::compute_tuned(&case, placement, tuning) {
+                match oracle::compute_tuned(&case, placement, Some(tuning)) {
                     Ok((gpu, _)) if bit_identical(&cpu, &gpu) => {}
                     Ok(_) => {
                         line(format!(
@@ -475,10 +476,10 @@ fn bench_one(label: &str, case: &Case, cfg: &OracleConfig) -> Result<bool, Strin
     let kv_bytes = tokens as f64 * (s.head_dim + 4) as f64;
     let bw = copy_bandwidth(4 << 30)?;
     let mut out = OutputBuffer::for_case(case);
-    let default_tuning = OracleTuning::for_shape(&case.shape);
     let placement = ScalePlacement::AfterReluSum;
     // One upload serves the kernel and the oracle, as a campaign on the GPU would.
-    let (kt, upload, tunings, verify_wall) = with_gpu(|gpu| {
+    let (kt, upload, tunings, verify_wall, default_tuning) = with_gpu(|gpu| {
+        let default_tuning = OracleTuning::for_shape(&case.shape, gpu.major);
         let t = Instant::now();
         let mut dc = DeviceCase::upload(gpu, case, &out)?;
         let upload = t.elapsed();
@@ -497,14 +498,15 @@ fn bench_one(label: &str, case: &Case, cfg: &OracleConfig) -> Result<bool, Strin
         oracle::compute_on(gpu, &dc, case, placement, default_tuning, 1)?;
         let verify_wall = t.elapsed();
         let mut tunings = Vec::new();
+        let major = gpu.major;
         for tuning in OracleTuning::ALL
             .into_iter()
-            .filter(|t| t.fits(&case.shape))
+            .filter(|t| t.runs_on(major) && t.fits(&case.shape))
         {
             let (r, t) = oracle::compute_on(gpu, &dc, case, placement, tuning, 5)?;
             tunings.push((tuning, r, t));
         }
-        Ok((kt, upload, tunings, verify_wall))
+        Ok((kt, upload, tunings, verify_wall, default_tuning))
     })
     .map_err(|e| match e {
         GpuFailure::Environment(m) | GpuFailure::Fault(m) | GpuFailure::OutOfMemory(m) => m,

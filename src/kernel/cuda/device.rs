@@ -19,6 +19,8 @@ pub struct Gpu {
     pub name: String,
     /// NVRTC architecture, e.g. `sm_90a`.
     pub arch: String,
+    /// Compute capability major version (9 on Hopper).
+    pub major: u32,
     pub sms: u32,
     pub max_smem_optin: u32,
     functions: HashMap<(Program, String, String), Arc<Function>>,
@@ -50,6 +52,7 @@ impl Gpu {
             ctx,
             ordinal,
             arch,
+            major: major as u32,
             sms,
             max_smem_optin,
             functions: HashMap::new(),

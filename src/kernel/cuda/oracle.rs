@@ -44,16 +44,32 @@ pub struct OracleTuning {
     pub f64_queries: bool,
     /// m-tiles of 8 heads swept per pass (1 or 2).
     pub head_tiles: usize,
-    /// CTAs per SM the kernel is compiled for (3, or 2 for more registers).
+    /// CTAs per SM the kernel is compiled for (2 to 4: fewer give more registers).
     pub ctas_per_sm: usize,
     /// Head sums software-pipelined behind the next group's DMMAs.
     pub pipelined: bool,
     /// Each lane's queries contiguous, four k-steps per 128-bit shared load (f32
     /// queries, one head tile, D 64 or 128).
     pub vector_loads: bool,
-    /// 64-token chunks per CTA at most (the grid's x size is the longest sequence's
-    /// chunks over this): more amortize the query decode, fewer shorten the tail.
+    /// Chunks (4 warps x 8 x `token_tiles` tokens) per CTA at most (the grid's x size
+    /// is the longest sequence's chunks over this): more amortize the query decode,
+    /// fewer shorten the tail.
     pub chunks_per_cta: usize,
+    /// Queries kept as the high 32 bits of their f64 (an fp8 value's low word is zero),
+    /// so the operand is a register move instead of a conversion on the FP64 pipe.
+    pub hi_word_queries: bool,
+    /// Decoded keys held in registers as high words too: half the registers, so more
+    /// warps per SM.
+    pub hi_word_keys: bool,
+    /// The m16n8k16 f64 MMA of sm_90 and newer (8x the work of one m8n8k4); takes two
+    /// head tiles and vector loads.
+    pub wide_mma: bool,
+    /// n-tiles of 8 tokens per warp (2 or 4): more reuse each query fragment, and the
+    /// head sum then keeps all 32 lanes busy, for twice the key registers.
+    pub token_tiles: usize,
+    /// Staged dots padded by one double per token, so the head sum's shared loads are
+    /// free of bank conflicts.
+    pub padded_stage: bool,
 }
 
 impl OracleTuning {
@@ -62,20 +78,47 @@ impl OracleTuning {
     /// [`Self::PLAIN`] with float4 query loads (D 64/128).
     pub const VECTOR: OracleTuning = OracleTuning::new(false, 1, 3, false, true);
 
-    pub const ALL: [OracleTuning; 13] = [
+    /// The default on sm_90 and newer: m16n8k16, queries and keys as high words,
+    /// padded stage, 32 tokens per warp, two CTAs per SM.
+    pub const WIDE: OracleTuning = OracleTuning::wide(2)
+        .hi_words()
+        .hi_keys()
+        .padded()
+        .token_tiles(4);
+    /// The default before sm_90 (m8n8k4 only): high words, padded stage, float4 loads.
+    pub const NARROW: OracleTuning = OracleTuning::VECTOR.hi_words().hi_keys().padded();
+
+    /// Fastest first, as measured on the H200 (BENCHMARKS.md, "GPU oracle: m16n8k16"):
+    /// [`Self::WIDE`] takes the production case from 3.22 ms ([`Self::VECTOR`], the old
+    /// default) to 1.65 ms and the two small cases from 0.098/0.129 ms to 0.044/0.074 ms;
+    /// [`Self::NARROW`] (2.51 ms) is the best without m16n8k16; the plain kernel takes
+    /// every other shape.
+    pub const PREFERRED: [OracleTuning; 4] = [
+        OracleTuning::WIDE,
+        OracleTuning::NARROW,
+        OracleTuning::VECTOR,
+        OracleTuning::PLAIN,
+    ];
+
+    /// Every tuning `bench oracle` times and `gpu-selfcheck` proves bit-identical to the
+    /// CPU: the defaults, and the variants that show what each define is worth (every
+    /// code path of `oracle.cu` is in at least one). Earlier measured variants are in
+    /// BENCHMARKS.md.
+    pub const ALL: [OracleTuning; 14] = [
         OracleTuning::PLAIN,
         OracleTuning::new(true, 1, 3, false, false),
-        OracleTuning::new(false, 2, 3, false, false),
-        OracleTuning::new(false, 1, 2, false, false),
+        OracleTuning::new(false, 2, 2, false, false),
         OracleTuning::new(false, 1, 3, true, false),
-        OracleTuning::new(true, 1, 3, true, false),
-        OracleTuning::new(false, 1, 2, true, false),
-        OracleTuning::new(false, 2, 2, true, false),
         OracleTuning::VECTOR,
-        OracleTuning::new(false, 1, 2, false, true),
-        OracleTuning::new(false, 1, 3, false, true).chunks(4),
-        OracleTuning::new(false, 1, 3, false, true).chunks(16),
-        OracleTuning::new(false, 1, 3, false, false).chunks(4),
+        OracleTuning::NARROW,
+        OracleTuning::wide(3),
+        OracleTuning::wide(4).hi_words().hi_keys(),
+        OracleTuning::wide(4).hi_words().hi_keys().padded(),
+        OracleTuning::wide(3).hi_words().hi_keys().padded(),
+        OracleTuning::wide(2).hi_words().hi_keys().padded(),
+        OracleTuning::WIDE,
+        OracleTuning::WIDE.pipelined(),
+        OracleTuning::WIDE.chunks(4),
     ];
 
     const fn new(
@@ -92,7 +135,65 @@ impl OracleTuning {
             pipelined,
             vector_loads,
             chunks_per_cta: 8,
+            hi_word_queries: false,
+            hi_word_keys: false,
+            wide_mma: false,
+            token_tiles: 2,
+            padded_stage: false,
         }
+    }
+
+    const fn hi_words(self) -> Self {
+        OracleTuning {
+            hi_word_queries: true,
+            ..self
+        }
+    }
+
+    const fn pipelined(self) -> Self {
+        OracleTuning {
+            pipelined: true,
+            ..self
+        }
+    }
+
+    const fn padded(self) -> Self {
+        OracleTuning {
+            padded_stage: true,
+            ..self
+        }
+    }
+
+    const fn token_tiles(self, token_tiles: usize) -> Self {
+        OracleTuning {
+            token_tiles,
+            ..self
+        }
+    }
+
+    /// Tokens one CTA (4 warps) takes per chunk.
+    fn chunk_tokens(self) -> usize {
+        4 * 8 * self.token_tiles
+    }
+
+    const fn hi_keys(self) -> Self {
+        OracleTuning {
+            hi_word_keys: true,
+            ..self
+        }
+    }
+
+    /// m16n8k16 with two head tiles and vector loads, `ctas_per_sm` CTAs per SM.
+    const fn wide(ctas_per_sm: usize) -> Self {
+        OracleTuning {
+            wide_mma: true,
+            ..OracleTuning::new(false, 2, ctas_per_sm, false, true)
+        }
+    }
+
+    /// Whether a GPU of compute capability `major`.x has the instructions it uses.
+    pub fn runs_on(self, major: u32) -> bool {
+        !self.wide_mma || major >= 9
     }
 
     const fn chunks(self, chunks_per_cta: usize) -> Self {
@@ -108,17 +209,16 @@ impl OracleTuning {
         (228 / self.ctas_per_sm - 1) * 1024
     }
 
-    /// The tuning used for `shape`. Measured on the H200 (BENCHMARKS.md, "GPU oracle
-    /// tunings"): float4 query loads tie the plain kernel on the production case
-    /// (3.23 ms) and beat it by 5-20% on the small ones, so they are used where they fit
-    /// (D 64/128); the plain f32 kernel takes every other shape [`rejects`] lets through.
-    pub fn for_shape(shape: &Shape) -> OracleTuning {
+    /// The tuning used for `shape` on a GPU of compute capability `major`.x: the first
+    /// of [`Self::PREFERRED`] that runs there and fits. Measured on the H200
+    /// (BENCHMARKS.md, "GPU oracle tunings"); [`Self::PLAIN`] takes every shape
+    /// [`rejects`] lets through.
+    pub fn for_shape(shape: &Shape, major: u32) -> OracleTuning {
         debug_assert!(rejects_shape(shape).is_some() || Self::PLAIN.fits(shape));
-        if Self::VECTOR.fits(shape) {
-            Self::VECTOR
-        } else {
-            Self::PLAIN
-        }
+        Self::PREFERRED
+            .into_iter()
+            .find(|t| t.runs_on(major) && t.fits(shape))
+            .unwrap_or(Self::PLAIN)
     }
 
     /// Bytes of shared memory one next_n row of queries (and its weights) takes.
@@ -129,28 +229,52 @@ impl OracleTuning {
     }
 
     fn fixed_bytes(self) -> usize {
-        (256 + 4 * (1 + self.pipelined as usize) * 16 * 8 * self.head_tiles) * 8
+        let stage_row = 8 * self.head_tiles + self.padded_stage as usize;
+        (256 + 4 * (1 + self.pipelined as usize) * 8 * self.token_tiles * stage_row) * 8
     }
 
     /// Whether the kernel compiled this way can take `shape` within the budget.
     pub fn fits(self, shape: &Shape) -> bool {
         let vector_ok = !self.vector_loads
-            || (!self.f64_queries && self.head_tiles == 1 && matches!(shape.head_dim, 64 | 128));
+            || (!self.f64_queries
+                && (self.head_tiles == 1 || self.wide_mma)
+                && matches!(shape.head_dim, 64 | 128));
+        let wide_ok = !self.wide_mma || (self.vector_loads && self.head_tiles == 2);
+        let queries_ok = !(self.f64_queries && self.hi_word_queries);
         vector_ok
+            && wide_ok
+            && queries_ok
             && shape.heads.is_multiple_of(8 * self.head_tiles)
             && self.fixed_bytes() + self.row_bytes(shape) <= self.smem_budget()
     }
 
     pub fn label(self) -> String {
         format!(
-            "{} queries, {} head tile{}, {} CTAs/SM{}{}{}",
+            "{} queries, {} head tile{}, {} CTAs/SM{}{}{}{}{}{}{}",
             if self.f64_queries { "f64" } else { "f32" },
             self.head_tiles,
             if self.head_tiles == 1 { "" } else { "s" },
             self.ctas_per_sm,
             if self.pipelined { ", pipelined" } else { "" },
             if self.vector_loads {
-                ", float4 loads"
+                ", 128-bit loads"
+            } else {
+                ""
+            },
+            match (self.hi_word_queries, self.hi_word_keys) {
+                (true, true) => ", hi-word queries and keys",
+                (true, false) => ", hi-word queries",
+                (false, true) => ", hi-word keys",
+                (false, false) => "",
+            },
+            if self.wide_mma { ", m16n8k16" } else { "" },
+            if self.token_tiles == 2 {
+                String::new()
+            } else {
+                format!(", {} tokens/warp", 8 * self.token_tiles)
+            },
+            if self.padded_stage {
+                ", padded stage"
             } else {
                 ""
             },
@@ -170,6 +294,11 @@ impl OracleTuning {
             ("OMINB".into(), self.ctas_per_sm.to_string()),
             ("PIPE".into(), (self.pipelined as u8).to_string()),
             ("QV".into(), (self.vector_loads as u8).to_string()),
+            ("QHI".into(), (self.hi_word_queries as u8).to_string()),
+            ("KHI".into(), (self.hi_word_keys as u8).to_string()),
+            ("DW".into(), (self.wide_mma as u8).to_string()),
+            ("ONT".into(), self.token_tiles.to_string()),
+            ("SPAD".into(), (self.padded_stage as u8).to_string()),
         ]
     }
 }
@@ -197,20 +326,22 @@ pub fn compute_timed(
     case: &Case,
     placement: ScalePlacement,
 ) -> Result<(Reference, Duration), String> {
-    compute_tuned(case, placement, OracleTuning::for_shape(&case.shape))
+    compute_tuned(case, placement, None)
 }
 
-/// [`compute_timed`] with an explicit tuning (uploads the case).
+/// [`compute_timed`] with an explicit tuning, or the device's default for the shape
+/// (uploads the case).
 pub fn compute_tuned(
     case: &Case,
     placement: ScalePlacement,
-    tuning: OracleTuning,
+    tuning: Option<OracleTuning>,
 ) -> Result<(Reference, Duration), String> {
     if let Some(why) = rejects(case) {
         return Err(why);
     }
     let dummy = OutputBuffer::new(1, 1, 1);
     with_gpu(|gpu| {
+        let tuning = tuning.unwrap_or_else(|| OracleTuning::for_shape(&case.shape, gpu.major));
         let dc = DeviceCase::upload(gpu, case, &dummy)?;
         compute_on(gpu, &dc, case, placement, tuning, 1)
     })
@@ -232,6 +363,12 @@ pub fn compute_on(
         return Err(GpuFailure::Environment(why));
     }
     let s = &case.shape;
+    if !tuning.runs_on(gpu.major) {
+        return Err(GpuFailure::Environment(format!(
+            "GPU oracle tuning ({}) needs compute capability 9.0 or newer",
+            tuning.label()
+        )));
+    }
     if !tuning.fits(s) {
         return Err(GpuFailure::Environment(format!(
             "GPU oracle tuning ({}) does not fit H={} D={}",
@@ -260,13 +397,15 @@ pub fn compute_on(
     off_mem.upload(0, &row_off).map_err(failure)?;
     let value = DeviceMemory::alloc(total.max(1) * 8).map_err(failure)?;
     let mag = DeviceMemory::alloc(total.max(1) * 8).map_err(failure)?;
-    let max_tok = (0..s.batch).map(|b| case.seq_tokens(b)).max().unwrap_or(0);
-    // Each CTA takes up to `chunks_per_cta` chunks of 64 tokens of one sequence (its
-    // queries decoded once).
-    let gx = max_tok
-        .div_ceil(64)
-        .div_ceil(tuning.chunks_per_cta)
-        .clamp(1, 65535) as u32;
+    let chunks = |b: usize| case.seq_tokens(b).div_ceil(tuning.chunk_tokens());
+    let max_chunks = (0..s.batch).map(chunks).max().unwrap_or(0);
+    let total_chunks: usize = (0..s.batch).map(chunks).sum();
+    // Each CTA takes up to `chunks_per_cta` chunks of one sequence (its queries decoded
+    // once), fewer when that would not fill one wave of CTAs: a single long sequence
+    // would otherwise run on a fraction of the SMs.
+    let slots = gpu.sms as usize * tuning.ctas_per_sm;
+    let per_cta = (total_chunks / slots).clamp(1, tuning.chunks_per_cta);
+    let gx = max_chunks.div_ceil(per_cta).clamp(1, 65535) as u32;
     let gy = s.batch.clamp(1, 65535) as u32;
     let mut p = dc.params;
     let mut inside = (placement == ScalePlacement::InsideRelu) as i32;
@@ -401,4 +540,87 @@ pub fn cross_check(
         checked += c?;
     }
     Ok(checked)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::case::ValueLayout;
+    use crate::fp8::Fp8Format;
+
+    fn shape(heads: usize, head_dim: usize, next_n: usize) -> Shape {
+        Shape {
+            batch: 4,
+            next_n,
+            heads,
+            head_dim,
+            block_size: 64,
+            layout: ValueLayout::Normal,
+            format: Fp8Format::E4m3fn,
+        }
+    }
+
+    /// The measured order holds where it should and every shape the oracle takes gets
+    /// a tuning that fits and runs on the device.
+    #[test]
+    fn default_tuning_fits_and_runs() {
+        let (wide, narrow) = (OracleTuning::WIDE, OracleTuning::NARROW);
+        assert_eq!(OracleTuning::for_shape(&shape(64, 128, 2), 9), wide);
+        assert_eq!(OracleTuning::for_shape(&shape(64, 128, 2), 8), narrow);
+        assert_eq!(OracleTuning::for_shape(&shape(128, 128, 4), 9), wide);
+        // A row of 128 heads of queries takes more than a third of the SM.
+        assert_eq!(
+            OracleTuning::for_shape(&shape(128, 128, 4), 8),
+            OracleTuning::PLAIN
+        );
+        // 8 heads: no 16-head tile; D 96: no 128-bit query loads.
+        assert_eq!(OracleTuning::for_shape(&shape(8, 128, 1), 9), narrow);
+        assert_eq!(
+            OracleTuning::for_shape(&shape(64, 96, 1), 9),
+            OracleTuning::PLAIN
+        );
+        for heads in [8, 16, 24, 32, 64, 128] {
+            for head_dim in [16, 32, 64, 96, 128] {
+                for next_n in 1..=5 {
+                    let s = shape(heads, head_dim, next_n);
+                    assert!(rejects_shape(&s).is_none());
+                    for major in [8, 9, 10] {
+                        let t = OracleTuning::for_shape(&s, major);
+                        assert!(t.fits(&s) && t.runs_on(major), "{s:?} on {major}: {t:?}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn tunings_are_distinct_and_labelled() {
+        let labels: std::collections::BTreeSet<String> =
+            OracleTuning::ALL.iter().map(|t| t.label()).collect();
+        assert_eq!(labels.len(), OracleTuning::ALL.len());
+        for t in OracleTuning::PREFERRED {
+            assert!(OracleTuning::ALL.contains(&t), "{}", t.label());
+        }
+    }
+
+    /// The preferred tunings compile for Hopper, and the m16n8k16 form is refused
+    /// before Hopper (which `runs_on` mirrors). Needs NVRTC, not a GPU.
+    #[test]
+    fn preferred_tunings_compile_where_they_run() {
+        use super::super::compile::{cubin, Program};
+        if !super::super::sys::nvrtc_present() {
+            eprintln!("SKIP preferred_tunings_compile_where_they_run: libnvrtc not found");
+            return;
+        }
+        for t in OracleTuning::PREFERRED {
+            for dd in [64, 128] {
+                cubin(Program::Oracle, "sm_90a", &t.defines(dd))
+                    .unwrap_or_else(|e| panic!("{}: {e}", t.label()));
+            }
+            assert_eq!(t.runs_on(8), !t.wide_mma);
+            if t.wide_mma {
+                assert!(cubin(Program::Oracle, "sm_89", &t.defines(128)).is_err());
+            }
+        }
+    }
 }
