@@ -107,7 +107,7 @@ impl OracleTuning {
     pub const ALL: [OracleTuning; 14] = [
         OracleTuning::PLAIN,
         OracleTuning::new(true, 1, 3, false, false),
-        OracleTuning::new(false, 2, 2, false, false),
+        OracleTuning::new(false, 2, 3, false, false),
         OracleTuning::new(false, 1, 3, true, false),
         OracleTuning::VECTOR,
         OracleTuning::NARROW,
