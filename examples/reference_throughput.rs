@@ -17,7 +17,9 @@ fn main() {
         .unwrap_or(5);
     let lens: Vec<usize> = (0..8).map(|b| 4096 - 61 * b + 17 * (b % 3)).collect();
     let recipe = Recipe::production(lens.clone(), 2, 1);
+    let t = Instant::now();
     let case = recipe.materialize();
+    println!("materialized in {:.3} s", t.elapsed().as_secs_f64());
     case.validate().expect("valid case");
     let s = &case.shape;
     let logits = case.valid_elements();

@@ -7,6 +7,7 @@ use crate::case::{BlockTable, Case, ContextLens, Shape, SparseKvCache, ValueLayo
 use crate::fp8::Fp8Format;
 use proptest::test_runner::{RngAlgorithm, TestRng};
 use rand::{Rng, RngExt};
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 /// How physical blocks are assigned to the table.
@@ -355,6 +356,10 @@ pub fn rng_for(seed: u64) -> TestRng {
     TestRng::from_seed(RngAlgorithm::ChaCha, &s)
 }
 
+/// Key values above which a case's blocks are drawn in parallel (below, the threads
+/// would cost more than they save; the result is the same either way).
+const PARALLEL_DRAW_VALUES: usize = 1 << 16;
+
 struct Values {
     q: Vec<u8>,
     weights: Vec<f32>,
@@ -443,61 +448,72 @@ impl Values {
                 weights.push(w);
             }
         }
-        // Keys, block by block.
-        let mut blocks = Vec::with_capacity(n_blocks);
-        for _ in 0..n_blocks {
-            let mut block = vec![0u8; shape.block_bytes()];
-            for p in 0..bs {
-                let (codes, scale): (Vec<u8>, f32) = match kind {
-                    ValueKind::Pipeline | ValueKind::Hostile => {
-                        let xs: Vec<f32> = (0..d).map(|_| gauss_bf16(rng)).collect();
-                        quantize(f, &xs)
-                    }
-                    ValueKind::UniformCodes => (
-                        (0..d).map(|_| finite_code(f, rng)).collect(),
-                        2f32.powi(rng.random_range(-12..4)),
-                    ),
-                    ValueKind::Extreme => (
-                        (0..d).map(|_| extreme_code(f, rng)).collect(),
-                        2f32.powi(rng.random_range(-14..-6)),
-                    ),
-                    ValueKind::ReluBoundary => {
-                        // k[D/2 + j] = -k[j]: every dot against a symmetric query is exactly 0;
-                        // then nudge one code by one step in a third of the tokens.
-                        let half: Vec<u8> = (0..d / 2).map(|_| finite_code(f, rng)).collect();
-                        let mut codes: Vec<u8> = half
-                            .iter()
-                            .copied()
-                            .chain(half.iter().map(|&c| neg_code(f, c)))
-                            .collect();
-                        if rng.random_range(0..3) == 0 {
-                            let j = rng.random_range(0..d);
-                            let c = codes[j];
-                            let bumped = if c & 0x7F < f.max_code() {
-                                c + 1
-                            } else {
-                                c - 1
-                            };
-                            if !f.is_nan_code(bumped) {
-                                codes[j] = bumped;
-                            }
-                        }
-                        (codes, 2f32.powi(rng.random_range(-10..0)))
-                    }
-                    ValueKind::AllNegative => (
-                        (0..d).map(|_| neg_code(f, positive_code(f, rng))).collect(),
-                        2f32.powi(rng.random_range(-10..0)),
-                    ),
-                };
-                Case::write_token(shape, &mut block, p, &codes, scale);
-            }
-            blocks.push(block);
-        }
+        // Keys, block by block: each block from its own seed (drawn in order from the
+        // case's stream), so large caches are drawn on every core and the case is the
+        // same whatever the thread count.
+        let seeds: Vec<u64> = (0..n_blocks).map(|_| rng.next_u64()).collect();
+        let draw = |&seed: &u64| Values::draw_block(shape, kind, &mut rng_for(seed));
+        let blocks: Vec<Vec<u8>> = if n_blocks * bs * d >= PARALLEL_DRAW_VALUES {
+            seeds.par_iter().map(draw).collect()
+        } else {
+            seeds.iter().map(draw).collect()
+        };
         let mut v = Values { q, weights, blocks };
         if kind.is_hostile() {
             v.make_hostile(shape, rng);
         }
         v
+    }
+
+    /// One block of keys and their scales.
+    fn draw_block(shape: &Shape, kind: ValueKind, rng: &mut TestRng) -> Vec<u8> {
+        let (d, bs, f) = (shape.head_dim, shape.block_size, shape.format);
+        let mut block = vec![0u8; shape.block_bytes()];
+        for p in 0..bs {
+            let (codes, scale): (Vec<u8>, f32) = match kind {
+                ValueKind::Pipeline | ValueKind::Hostile => {
+                    let xs: Vec<f32> = (0..d).map(|_| gauss_bf16(rng)).collect();
+                    quantize(f, &xs)
+                }
+                ValueKind::UniformCodes => (
+                    (0..d).map(|_| finite_code(f, rng)).collect(),
+                    2f32.powi(rng.random_range(-12..4)),
+                ),
+                ValueKind::Extreme => (
+                    (0..d).map(|_| extreme_code(f, rng)).collect(),
+                    2f32.powi(rng.random_range(-14..-6)),
+                ),
+                ValueKind::ReluBoundary => {
+                    // k[D/2 + j] = -k[j]: every dot against a symmetric query is exactly 0;
+                    // then nudge one code by one step in a third of the tokens.
+                    let half: Vec<u8> = (0..d / 2).map(|_| finite_code(f, rng)).collect();
+                    let mut codes: Vec<u8> = half
+                        .iter()
+                        .copied()
+                        .chain(half.iter().map(|&c| neg_code(f, c)))
+                        .collect();
+                    if rng.random_range(0..3) == 0 {
+                        let j = rng.random_range(0..d);
+                        let c = codes[j];
+                        let bumped = if c & 0x7F < f.max_code() {
+                            c + 1
+                        } else {
+                            c - 1
+                        };
+                        if !f.is_nan_code(bumped) {
+                            codes[j] = bumped;
+                        }
+                    }
+                    (codes, 2f32.powi(rng.random_range(-10..0)))
+                }
+                ValueKind::AllNegative => (
+                    (0..d).map(|_| neg_code(f, positive_code(f, rng))).collect(),
+                    2f32.powi(rng.random_range(-10..0)),
+                ),
+            };
+            Case::write_token(shape, &mut block, p, &codes, scale);
+        }
+        block
     }
 
     /// Sprinkles invalid values into a pipeline draw.
