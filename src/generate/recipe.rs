@@ -410,50 +410,28 @@ fn finite_code(format: Fp8Format, rng: &mut TestRng) -> u8 {
 
 impl Values {
     fn draw(shape: &Shape, kind: ValueKind, rng: &mut TestRng, n_blocks: usize) -> Values {
-        let (h, d, bs, f) = (shape.heads, shape.head_dim, shape.block_size, shape.format);
+        let (h, d, bs) = (shape.heads, shape.head_dim, shape.block_size);
         let rows = shape.rows();
-        let head_scale = (d as f32).powf(-0.5) * (h as f32).powf(-0.5);
+        // Queries and weights, row by row, and keys, block by block: each from its own
+        // seed (drawn in order from the case's stream), so large cases are drawn on every
+        // core and the case is the same whatever the thread count.
+        let row_seeds: Vec<u64> = (0..rows).map(|_| rng.next_u64()).collect();
+        let parallel = (rows * h + n_blocks * bs) * d >= PARALLEL_DRAW_VALUES;
+        let draw_row = |&seed: &u64| Values::draw_row(shape, kind, &mut rng_for(seed));
+        let drawn: Vec<(Vec<u8>, Vec<f32>)> = if parallel {
+            row_seeds.par_iter().map(draw_row).collect()
+        } else {
+            row_seeds.iter().map(draw_row).collect()
+        };
         let mut q = Vec::with_capacity(rows * h * d);
         let mut weights = Vec::with_capacity(rows * h);
-        // Queries and weights.
-        for _ in 0..rows {
-            for _ in 0..h {
-                let w_model = gauss_bf16(rng);
-                let (codes, q_scale) = match kind {
-                    ValueKind::Pipeline | ValueKind::Hostile => {
-                        let xs: Vec<f32> = (0..d).map(|_| gauss_bf16(rng)).collect();
-                        quantize(f, &xs)
-                    }
-                    ValueKind::UniformCodes => ((0..d).map(|_| finite_code(f, rng)).collect(), 1.0),
-                    ValueKind::Extreme => ((0..d).map(|_| extreme_code(f, rng)).collect(), 1.0),
-                    ValueKind::ReluBoundary => {
-                        // Symmetric halves: q[d] == q[d + D/2].
-                        let half: Vec<u8> =
-                            (0..d / 2).map(|_| finite_code(f, rng) & 0x7F).collect();
-                        let half: Vec<u8> = half
-                            .into_iter()
-                            .map(|c| if f.is_nan_code(c) { 0x30 } else { c })
-                            .collect();
-                        (half.iter().chain(half.iter()).copied().collect(), 1.0)
-                    }
-                    ValueKind::AllNegative => {
-                        ((0..d).map(|_| positive_code(f, rng)).collect(), 1.0)
-                    }
-                };
-                q.extend(codes);
-                let w = match kind {
-                    ValueKind::AllNegative => w_model.abs() * q_scale * head_scale,
-                    _ => w_model * q_scale * head_scale,
-                };
-                weights.push(w);
-            }
+        for (codes, w) in drawn {
+            q.extend(codes);
+            weights.extend(w);
         }
-        // Keys, block by block: each block from its own seed (drawn in order from the
-        // case's stream), so large caches are drawn on every core and the case is the
-        // same whatever the thread count.
         let seeds: Vec<u64> = (0..n_blocks).map(|_| rng.next_u64()).collect();
         let draw = |&seed: &u64| Values::draw_block(shape, kind, &mut rng_for(seed));
-        let blocks: Vec<Vec<u8>> = if n_blocks * bs * d >= PARALLEL_DRAW_VALUES {
+        let blocks: Vec<Vec<u8>> = if parallel {
             seeds.par_iter().map(draw).collect()
         } else {
             seeds.iter().map(draw).collect()
@@ -463,6 +441,42 @@ impl Values {
             v.make_hostile(shape, rng);
         }
         v
+    }
+
+    /// One row's queries (H x D codes) and head weights.
+    fn draw_row(shape: &Shape, kind: ValueKind, rng: &mut TestRng) -> (Vec<u8>, Vec<f32>) {
+        let (h, d, f) = (shape.heads, shape.head_dim, shape.format);
+        let head_scale = (d as f32).powf(-0.5) * (h as f32).powf(-0.5);
+        let mut q = Vec::with_capacity(h * d);
+        let mut weights = Vec::with_capacity(h);
+        for _ in 0..h {
+            let w_model = gauss_bf16(rng);
+            let (codes, q_scale) = match kind {
+                ValueKind::Pipeline | ValueKind::Hostile => {
+                    let xs: Vec<f32> = (0..d).map(|_| gauss_bf16(rng)).collect();
+                    quantize(f, &xs)
+                }
+                ValueKind::UniformCodes => ((0..d).map(|_| finite_code(f, rng)).collect(), 1.0),
+                ValueKind::Extreme => ((0..d).map(|_| extreme_code(f, rng)).collect(), 1.0),
+                ValueKind::ReluBoundary => {
+                    // Symmetric halves: q[d] == q[d + D/2].
+                    let half: Vec<u8> = (0..d / 2).map(|_| finite_code(f, rng) & 0x7F).collect();
+                    let half: Vec<u8> = half
+                        .into_iter()
+                        .map(|c| if f.is_nan_code(c) { 0x30 } else { c })
+                        .collect();
+                    (half.iter().chain(half.iter()).copied().collect(), 1.0)
+                }
+                ValueKind::AllNegative => ((0..d).map(|_| positive_code(f, rng)).collect(), 1.0),
+            };
+            q.extend(codes);
+            let w = match kind {
+                ValueKind::AllNegative => w_model.abs() * q_scale * head_scale,
+                _ => w_model * q_scale * head_scale,
+            };
+            weights.push(w);
+        }
+        (q, weights)
     }
 
     /// One block of keys and their scales.
