@@ -110,10 +110,22 @@ static FN_TABLE: LazyLock<[f32; 256]> =
 static FNUZ_TABLE: LazyLock<[f32; 256]> =
     LazyLock::new(|| std::array::from_fn(|c| decode_slow(Fp8Format::E4m3fnuz, c as u8)));
 
-/// Non-negative finite magnitudes of a format in increasing order, codes 0..=max_code
-/// (the positive codes of both formats are monotone in value).
-fn magnitude(format: Fp8Format, code: u8) -> f64 {
-    format.decode(code) as f64
+/// Non-negative finite magnitudes of a format in increasing order, indexed by code
+/// 0..=max_code (the positive codes of both formats are monotone in value). One table
+/// per format, so `encode` — the hot loop of materializing a case — searches a slice.
+fn magnitudes(format: Fp8Format) -> &'static [f64] {
+    static FN: LazyLock<Vec<f64>> = LazyLock::new(|| mags_of(Fp8Format::E4m3fn));
+    static FNUZ: LazyLock<Vec<f64>> = LazyLock::new(|| mags_of(Fp8Format::E4m3fnuz));
+    match format {
+        Fp8Format::E4m3fn => &FN,
+        Fp8Format::E4m3fnuz => &FNUZ,
+    }
+}
+
+fn mags_of(format: Fp8Format) -> Vec<f64> {
+    (0..=format.max_code())
+        .map(|c| format.decode(c) as f64)
+        .collect()
 }
 
 fn encode(format: Fp8Format, x: f64, saturate: bool) -> u8 {
@@ -125,42 +137,40 @@ fn encode(format: Fp8Format, x: f64, saturate: bool) -> u8 {
     let max_code = format.max_code();
     let max = format.max();
     // Half an ulp above max: the top binade has ulp 2^(e-3).
-    let top_ulp = max - magnitude(format, max_code - 1);
+    let top_ulp = max - magnitudes(format)[max_code as usize - 1];
     let tie_above = max + top_ulp / 2.0;
     let mag_code: Option<u8> = if a > tie_above || (a == tie_above && max_code & 1 == 1) {
         None // overflow
     } else if a >= max {
         Some(max_code)
     } else {
-        // Binary search for the largest code with magnitude <= a.
-        let (mut lo, mut hi) = (0u8, max_code);
-        while lo < hi {
-            let mid = lo + (hi - lo).div_ceil(2);
-            if magnitude(format, mid) <= a {
-                lo = mid;
-            } else {
-                hi = mid - 1;
-            }
-        }
-        let below = magnitude(format, lo);
-        if below == a {
-            Some(lo)
-        } else {
-            let above = magnitude(format, lo + 1);
-            let d_lo = a - below;
-            let d_hi = above - a;
-            Some(if d_lo < d_hi || (d_lo == d_hi && lo & 1 == 0) {
-                lo
-            } else {
-                lo + 1
-            })
-        }
+        Some(round_to_code(format, a))
     };
     match mag_code {
         None if saturate => apply_sign(format, max_code, negative),
         None => format.nan_code(),
         Some(c) => apply_sign(format, c, negative),
     }
+}
+
+/// The magnitude code nearest to `a` (0 <= a < max), ties to even, by arithmetic:
+/// `encode` is the hot loop of materializing a case. Below the smallest normal the
+/// codes step by 2^(-bias-2) (code = a / step); above, binade e holds codes
+/// ((e + bias) << 3) + 0..7 stepping by 2^(e-3), and a * 2^(3-e) lies in [8, 16), so
+/// the rounded value minus 8 is the mantissa — a carry to 16 lands on the next binade's
+/// first code, as it should. Every scaling is by a power of two, so it is exact.
+fn round_to_code(format: Fp8Format, a: f64) -> u8 {
+    let bias = match format {
+        Fp8Format::E4m3fn => 7,
+        Fp8Format::E4m3fnuz => 8,
+    };
+    let pow2 = |e: i32| f64::from_bits(((1023 + e) as u64) << 52);
+    if a < pow2(1 - bias) {
+        return (a * pow2(bias + 2)).round_ties_even() as u8;
+    }
+    let e = ((a.to_bits() >> 52) & 0x7FF) as i32 - 1023;
+    let q = (a * pow2(3 - e)).round_ties_even() as i32;
+    (((e + bias) << 3) + q - 8) as u8
 }
 
 fn apply_sign(format: Fp8Format, mag_code: u8, negative: bool) -> u8 {
@@ -238,6 +248,53 @@ mod tests {
                     "{f} code {c:#04x} value {v} re-encoded as {back:#04x}"
                 );
                 assert_eq!(f.encode(v, true), c);
+            }
+        }
+    }
+
+    /// The arithmetic rounding agrees with a search of the decode table (nearest
+    /// magnitude, ties to the even code) on random magnitudes across every binade, the
+    /// subnormals and the exact midpoints.
+    #[test]
+    fn arithmetic_rounding_matches_table_search() {
+        fn by_search(f: Fp8Format, a: f64) -> u8 {
+            let mags = magnitudes(f);
+            let lo = mags.iter().rposition(|&m| m <= a).unwrap();
+            if mags[lo] == a {
+                return lo as u8;
+            }
+            let (d_lo, d_hi) = (a - mags[lo], mags[lo + 1] - a);
+            (if d_lo < d_hi || (d_lo == d_hi && lo % 2 == 0) {
+                lo
+            } else {
+                lo + 1
+            }) as u8
+        }
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for f in Fp8Format::ALL {
+            let mags = magnitudes(f);
+            let max = f.max();
+            let check = |a: f64| {
+                if a < max {
+                    assert_eq!(round_to_code(f, a), by_search(f, a), "{f} {a:e}");
+                }
+            };
+            for w in mags.windows(2) {
+                let mid = (w[0] + w[1]) / 2.0;
+                for a in [w[0], mid, w[1], mid - 1e-12 * mid, mid + 1e-12 * mid] {
+                    check(a);
+                }
+            }
+            for _ in 0..200_000 {
+                // Log-uniform over [2^-14, max): every binade and the subnormals.
+                let u = (next() >> 11) as f64 / (1u64 << 53) as f64;
+                check(2f64.powf(-14.0 + u * (max.log2() + 14.0)));
             }
         }
     }
