@@ -356,9 +356,23 @@ pub fn rng_for(seed: u64) -> TestRng {
     TestRng::from_seed(RngAlgorithm::ChaCha, &s)
 }
 
-/// Key values above which a case's blocks are drawn in parallel (below, the threads
-/// would cost more than they save; the result is the same either way).
+/// Values (query and key codes) above which a case is drawn in parallel (below, the
+/// threads would cost more than they save; the result is the same either way).
 const PARALLEL_DRAW_VALUES: usize = 1 << 16;
+
+/// One draw per seed, each from its own RNG, in order: on every core when `parallel`.
+fn per_seed<T: Send>(
+    seeds: &[u64],
+    parallel: bool,
+    draw: impl Fn(&mut TestRng) -> T + Sync,
+) -> Vec<T> {
+    let one = |&seed: &u64| draw(&mut rng_for(seed));
+    if parallel {
+        seeds.par_iter().map(one).collect()
+    } else {
+        seeds.iter().map(one).collect()
+    }
+}
 
 struct Values {
     q: Vec<u8>,
@@ -416,26 +430,18 @@ impl Values {
         // seed (drawn in order from the case's stream), so large cases are drawn on every
         // core and the case is the same whatever the thread count.
         let row_seeds: Vec<u64> = (0..rows).map(|_| rng.next_u64()).collect();
+        let block_seeds: Vec<u64> = (0..n_blocks).map(|_| rng.next_u64()).collect();
         let parallel = (rows * h + n_blocks * bs) * d >= PARALLEL_DRAW_VALUES;
-        let draw_row = |&seed: &u64| Values::draw_row(shape, kind, &mut rng_for(seed));
-        let drawn: Vec<(Vec<u8>, Vec<f32>)> = if parallel {
-            row_seeds.par_iter().map(draw_row).collect()
-        } else {
-            row_seeds.iter().map(draw_row).collect()
-        };
+        let drawn = per_seed(&row_seeds, parallel, |r| Values::draw_row(shape, kind, r));
+        let blocks = per_seed(&block_seeds, parallel, |r| {
+            Values::draw_block(shape, kind, r)
+        });
         let mut q = Vec::with_capacity(rows * h * d);
         let mut weights = Vec::with_capacity(rows * h);
         for (codes, w) in drawn {
             q.extend(codes);
             weights.extend(w);
         }
-        let seeds: Vec<u64> = (0..n_blocks).map(|_| rng.next_u64()).collect();
-        let draw = |&seed: &u64| Values::draw_block(shape, kind, &mut rng_for(seed));
-        let blocks: Vec<Vec<u8>> = if parallel {
-            seeds.par_iter().map(draw).collect()
-        } else {
-            seeds.iter().map(draw).collect()
-        };
         let mut v = Values { q, weights, blocks };
         if kind.is_hostile() {
             v.make_hostile(shape, rng);
