@@ -110,24 +110,6 @@ static FN_TABLE: LazyLock<[f32; 256]> =
 static FNUZ_TABLE: LazyLock<[f32; 256]> =
     LazyLock::new(|| std::array::from_fn(|c| decode_slow(Fp8Format::E4m3fnuz, c as u8)));
 
-/// Non-negative finite magnitudes of a format in increasing order, indexed by code
-/// 0..=max_code (the positive codes of both formats are monotone in value). One table
-/// per format, so `encode` — the hot loop of materializing a case — searches a slice.
-fn magnitudes(format: Fp8Format) -> &'static [f64] {
-    static FN: LazyLock<Vec<f64>> = LazyLock::new(|| mags_of(Fp8Format::E4m3fn));
-    static FNUZ: LazyLock<Vec<f64>> = LazyLock::new(|| mags_of(Fp8Format::E4m3fnuz));
-    match format {
-        Fp8Format::E4m3fn => &FN,
-        Fp8Format::E4m3fnuz => &FNUZ,
-    }
-}
-
-fn mags_of(format: Fp8Format) -> Vec<f64> {
-    (0..=format.max_code())
-        .map(|c| format.decode(c) as f64)
-        .collect()
-}
-
 fn encode(format: Fp8Format, x: f64, saturate: bool) -> u8 {
     if x.is_nan() {
         return format.nan_code();
@@ -137,7 +119,7 @@ fn encode(format: Fp8Format, x: f64, saturate: bool) -> u8 {
     let max_code = format.max_code();
     let max = format.max();
     // Half an ulp above max: the top binade has ulp 2^(e-3).
-    let top_ulp = max - magnitudes(format)[max_code as usize - 1];
+    let top_ulp = max - format.decode(max_code - 1) as f64;
     let tie_above = max + top_ulp / 2.0;
     let mag_code: Option<u8> = if a > tie_above || (a == tie_above && max_code & 1 == 1) {
         None // overflow
@@ -257,7 +239,10 @@ mod tests {
     /// subnormals and the exact midpoints.
     #[test]
     fn arithmetic_rounding_matches_table_search() {
-        fn by_search(f: Fp8Format, a: f64) -> u8 {
+        // Non-negative magnitudes in increasing order, indexed by code.
+        let magnitudes =
+            |f: Fp8Format| -> Vec<f64> { (0..=f.max_code()).map(|c| f.decode(c) as f64).collect() };
+        let by_search = |f: Fp8Format, a: f64| -> u8 {
             let mags = magnitudes(f);
             let lo = mags.iter().rposition(|&m| m <= a).unwrap();
             if mags[lo] == a {
@@ -269,7 +254,7 @@ mod tests {
             } else {
                 lo + 1
             }) as u8
-        }
+        };
         let mut state = 0x9E37_79B9_7F4A_7C15u64;
         let mut next = || {
             state ^= state << 13;
