@@ -88,7 +88,7 @@ impl OracleTuning {
     /// The default before sm_90 (m8n8k4 only): high words, padded stage, float4 loads.
     pub const NARROW: OracleTuning = OracleTuning::VECTOR.hi_words().hi_keys().padded();
 
-    /// Fastest first, as measured on the H200 (BENCHMARKS.md, "GPU oracle: m16n8k16"):
+    /// Fastest first, as measured on the H200 (BENCHMARKS.md, "Session 3"):
     /// [`Self::WIDE`] takes the production case from 3.22 ms ([`Self::VECTOR`], the old
     /// default) to 1.65 ms and the two small cases from 0.098/0.129 ms to 0.044/0.074 ms;
     /// [`Self::NARROW`] (2.51 ms) is the best without m16n8k16; the plain kernel takes
@@ -143,6 +143,14 @@ impl OracleTuning {
         }
     }
 
+    /// m16n8k16 with two head tiles and vector loads, `ctas_per_sm` CTAs per SM.
+    const fn wide(ctas_per_sm: usize) -> Self {
+        OracleTuning {
+            wide_mma: true,
+            ..OracleTuning::new(false, 2, ctas_per_sm, false, true)
+        }
+    }
+
     const fn hi_words(self) -> Self {
         OracleTuning {
             hi_word_queries: true,
@@ -150,9 +158,9 @@ impl OracleTuning {
         }
     }
 
-    const fn pipelined(self) -> Self {
+    const fn hi_keys(self) -> Self {
         OracleTuning {
-            pipelined: true,
+            hi_word_keys: true,
             ..self
         }
     }
@@ -171,23 +179,17 @@ impl OracleTuning {
         }
     }
 
-    /// Tokens one CTA (4 warps) takes per chunk.
-    fn chunk_tokens(self) -> usize {
-        4 * 8 * self.token_tiles
-    }
-
-    const fn hi_keys(self) -> Self {
+    const fn pipelined(self) -> Self {
         OracleTuning {
-            hi_word_keys: true,
+            pipelined: true,
             ..self
         }
     }
 
-    /// m16n8k16 with two head tiles and vector loads, `ctas_per_sm` CTAs per SM.
-    const fn wide(ctas_per_sm: usize) -> Self {
+    const fn chunks(self, chunks_per_cta: usize) -> Self {
         OracleTuning {
-            wide_mma: true,
-            ..OracleTuning::new(false, 2, ctas_per_sm, false, true)
+            chunks_per_cta,
+            ..self
         }
     }
 
@@ -196,11 +198,9 @@ impl OracleTuning {
         !self.wide_mma || major >= 9
     }
 
-    const fn chunks(self, chunks_per_cta: usize) -> Self {
-        OracleTuning {
-            chunks_per_cta,
-            ..self
-        }
+    /// Tokens one CTA (4 warps) takes per chunk.
+    fn chunk_tokens(self) -> usize {
+        4 * 8 * self.token_tiles
     }
 
     /// Shared memory one CTA may use: its share of the SM's 228 KiB, less 1 KiB each
@@ -211,7 +211,7 @@ impl OracleTuning {
 
     /// The tuning used for `shape` on a GPU of compute capability `major`.x: the first
     /// of [`Self::PREFERRED`] that runs there and fits. Measured on the H200
-    /// (BENCHMARKS.md, "GPU oracle tunings"); [`Self::PLAIN`] takes every shape
+    /// (BENCHMARKS.md, sessions 2 and 3); [`Self::PLAIN`] takes every shape
     /// [`rejects`] lets through.
     pub fn for_shape(shape: &Shape, major: u32) -> OracleTuning {
         debug_assert!(rejects_shape(shape).is_some() || Self::PLAIN.fits(shape));
