@@ -34,6 +34,9 @@ pub enum Padding {
     Huge,
     /// Random valid-looking ids of unreferenced blocks.
     Garbage,
+    /// What an engine's reused table rows hold: ids of blocks anywhere in the pool that
+    /// earlier requests of the row held (valid addresses, never read by a correct kernel).
+    Stale,
 }
 
 /// Where the referenced block ids put byte offsets in the device cache.
@@ -46,16 +49,39 @@ pub enum OffsetClass {
     Around2G,
     /// Ids straddling byte offset 2^32.
     Around4G,
+    /// Ids handed out by a serving engine's allocator over a pool ([`PoolRecipe`]).
+    Pool(PoolRecipe),
 }
 
 impl OffsetClass {
     pub fn target(self) -> Option<u64> {
         match self {
-            OffsetClass::Low => None,
+            OffsetClass::Low | OffsetClass::Pool(_) => None,
             OffsetClass::Around2G => Some(1 << 31),
             OffsetClass::Around4G => Some(1 << 32),
         }
     }
+}
+
+/// A serving engine's KV pool (`--profile production`): how many block slots it has, the
+/// bytes from one slot to the next, and the history of its allocator
+/// ([`super::pool::allocate`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct PoolRecipe {
+    /// Slots (`num_blocks`); slot 0 is the null block.
+    pub blocks: u64,
+    /// Bytes from one slot to the next: `block_size * (D + 4)` for a per-layer tensor,
+    /// more for a view into a per-block slab of every layer's caches.
+    pub stride: u64,
+    /// Other requests' allocations before this step (0: a freshly started engine).
+    pub churn: u32,
+    /// Share of the pool other requests hold while the batch runs, in percent.
+    pub occupancy_pct: u8,
+    /// Typical size of the other requests, in blocks.
+    pub request_blocks: u32,
+    /// Consecutive sequences that are the rows of one request (MTP flattened to one row
+    /// per token because the kernel takes fewer `next_n`): they share its blocks.
+    pub rows_per_request: u8,
 }
 
 /// How values are drawn.
@@ -213,50 +239,19 @@ impl Recipe {
         let max_blocks = used.iter().copied().max().unwrap_or(0) + self.surplus_blocks;
         let max_blocks = max_blocks.max(1);
         let row_stride = max_blocks + self.table_stride_pad;
-        let kv_block_stride = shape.block_bytes() as u64 + self.kv_stride_pad;
-
-        // Logical ids 0..n_logical, then mapped to physical ids.
-        let prefix = if self.table_order == TableOrder::SharedPrefix {
-            used.iter().copied().min().unwrap_or(0).min(used[0])
-        } else {
-            0
+        let layout = match self.offsets {
+            OffsetClass::Pool(pool) => self.pool_layout(&pool, &used),
+            _ => self.dense_layout(&shape, &used, &mut rng),
         };
-        let mut logical: Vec<Vec<usize>> = Vec::with_capacity(batch);
-        let mut next = 0usize;
-        for (b, &u) in used.iter().enumerate() {
-            let row: Vec<usize> = (0..u)
-                .map(|j| {
-                    if b > 0 && j < prefix {
-                        logical[0][j]
-                    } else {
-                        next += 1;
-                        next - 1
-                    }
-                })
-                .collect();
-            logical.push(row);
-        }
-        let n_logical = next;
-        let mut perm: Vec<usize> = (0..n_logical).collect();
-        match self.table_order {
-            TableOrder::Permuted => {
-                for i in (1..perm.len()).rev() {
-                    perm.swap(i, rng.random_range(0..=i));
-                }
-            }
-            TableOrder::Reversed => perm.reverse(),
-            _ => {}
-        }
-        // Physical base so that the ids straddle the target byte offset.
-        let base: u64 = match self.offsets.target() {
-            None => 0,
-            Some(target) => {
-                let at = target / kv_block_stride;
-                at.saturating_sub(n_logical as u64 / 2)
-            }
-        };
-        let phys = |l: usize| base + perm[l] as u64;
-        let num_blocks = base + n_logical as u64 + 1 + (rng.next_u32() % 3) as u64;
+        let BlockLayout {
+            logical,
+            n_logical,
+            phys,
+            num_blocks,
+            kv_block_stride,
+            base,
+        } = layout;
+        let phys = |l: usize| phys[l];
 
         let pad_value = |rng: &mut TestRng| -> i64 {
             match self.padding {
@@ -265,6 +260,9 @@ impl Recipe {
                 Padding::Huge => i32::MAX as i64,
                 Padding::Garbage => (base + n_logical as u64 + (rng.next_u32() % 2) as u64)
                     .min(i32::MAX as u64) as i64,
+                Padding::Stale => {
+                    (rng.random_range(1..num_blocks.max(2))).min(i32::MAX as u64) as i64
+                }
             }
         };
         let mut entries = Vec::with_capacity(batch * row_stride);
@@ -327,7 +325,11 @@ impl Recipe {
             kv.blocks.insert(phys(l), bytes);
         }
         // Padding::Garbage may name an unreferenced id past num_blocks: keep it inside.
-        let num_blocks = num_blocks.max(base + n_logical as u64 + 2);
+        let num_blocks = if matches!(self.offsets, OffsetClass::Pool(_)) {
+            num_blocks
+        } else {
+            num_blocks.max(base + n_logical as u64 + 2)
+        };
         let _ = rows;
         Case {
             shape,
@@ -346,6 +348,141 @@ impl Recipe {
             kv,
         }
     }
+    /// Block ids of the layout hazards' recipes: logical ids 0.. in sequence order
+    /// (shared prefixes reused), permuted or reversed, shifted so that they straddle the
+    /// offset class's byte offset, in a cache a few blocks larger than they need.
+    fn dense_layout(&self, shape: &Shape, used: &[usize], rng: &mut TestRng) -> BlockLayout {
+        let batch = used.len();
+        let kv_block_stride = shape.block_bytes() as u64 + self.kv_stride_pad;
+        let prefix = if self.table_order == TableOrder::SharedPrefix {
+            used.iter().copied().min().unwrap_or(0).min(used[0])
+        } else {
+            0
+        };
+        let mut logical: Vec<Vec<usize>> = Vec::with_capacity(batch);
+        let mut next = 0usize;
+        for (b, &u) in used.iter().enumerate() {
+            let row: Vec<usize> = (0..u)
+                .map(|j| {
+                    if b > 0 && j < prefix {
+                        logical[0][j]
+                    } else {
+                        next += 1;
+                        next - 1
+                    }
+                })
+                .collect();
+            logical.push(row);
+        }
+        let n_logical = next;
+        let mut perm: Vec<usize> = (0..n_logical).collect();
+        match self.table_order {
+            TableOrder::Permuted => {
+                for i in (1..perm.len()).rev() {
+                    perm.swap(i, rng.random_range(0..=i));
+                }
+            }
+            TableOrder::Reversed => perm.reverse(),
+            _ => {}
+        }
+        // Physical base so that the ids straddle the target byte offset.
+        let base: u64 = match self.offsets.target() {
+            None => 0,
+            Some(target) => {
+                let at = target / kv_block_stride;
+                at.saturating_sub(n_logical as u64 / 2)
+            }
+        };
+        let phys: Vec<u64> = perm.iter().map(|&p| base + p as u64).collect();
+        let num_blocks = base + n_logical as u64 + 1 + (rng.next_u32() % 3) as u64;
+        BlockLayout {
+            logical,
+            n_logical,
+            phys,
+            num_blocks,
+            kv_block_stride,
+            base,
+        }
+    }
+
+    /// Block ids of an engine's pool: each request (its flattened rows together) gets
+    /// the blocks the simulated allocator hands it ([`super::pool::allocate`]); with a
+    /// shared prefix, every request reuses request 0's first blocks (prefix caching).
+    fn pool_layout(&self, pool: &PoolRecipe, used: &[usize]) -> BlockLayout {
+        let batch = used.len();
+        let group = (pool.rows_per_request.max(1) as usize).min(batch.max(1));
+        let requests: Vec<std::ops::Range<usize>> = (0..batch.div_ceil(group))
+            .map(|g| g * group..((g + 1) * group).min(batch))
+            .collect();
+        let need: Vec<usize> = requests
+            .iter()
+            .map(|m| used[m.clone()].iter().copied().max().unwrap_or(0))
+            .collect();
+        let prefix = if self.table_order == TableOrder::SharedPrefix {
+            need.iter().copied().min().unwrap_or(0)
+        } else {
+            0
+        };
+        let mut per_request: Vec<Vec<usize>> = Vec::with_capacity(requests.len());
+        let mut fresh: Vec<u64> = Vec::with_capacity(requests.len());
+        let mut next = 0usize;
+        for (g, &n) in need.iter().enumerate() {
+            let shared = if g > 0 { prefix.min(n) } else { 0 };
+            let mut row: Vec<usize> = per_request
+                .first()
+                .map_or(Vec::new(), |r0: &Vec<usize>| r0[..shared].to_vec());
+            row.extend(next..next + (n - shared));
+            next += n - shared;
+            fresh.push((n - shared) as u64);
+            per_request.push(row);
+        }
+        let ids = super::pool::allocate(pool, &fresh, &mut rng_for(self.seed ^ POOL_SALT));
+        let mut phys = vec![0u64; next];
+        for (g, row) in per_request.iter().enumerate() {
+            let own = if g > 0 { prefix.min(row.len()) } else { 0 };
+            for (k, &l) in row[own..].iter().enumerate() {
+                phys[l] = ids[g][k];
+            }
+        }
+        let logical: Vec<Vec<usize>> = (0..batch)
+            .map(|b| per_request[b / group][..used[b]].to_vec())
+            .collect();
+        let base = phys_min(&logical, &phys);
+        BlockLayout {
+            logical,
+            n_logical: next,
+            phys,
+            num_blocks: pool.blocks,
+            kv_block_stride: pool.stride,
+            base,
+        }
+    }
+}
+
+/// Salt of the allocator's RNG stream (apart from the case's, so values do not depend
+/// on the allocator's history).
+const POOL_SALT: u64 = 0x706f_6f6c_2d61_6c6c;
+
+/// Where a recipe's blocks live: logical block ids per sequence, the physical id of
+/// each logical block, and the cache they live in.
+struct BlockLayout {
+    logical: Vec<Vec<usize>>,
+    n_logical: usize,
+    phys: Vec<u64>,
+    num_blocks: u64,
+    kv_block_stride: u64,
+    /// The lowest physical id the layout hands out.
+    base: u64,
+}
+
+/// The lowest physical id referenced (0 when none).
+fn phys_min(logical: &[Vec<usize>], phys: &[u64]) -> u64 {
+    logical
+        .iter()
+        .flatten()
+        .map(|&l| phys[l])
+        .min()
+        .unwrap_or(0)
 }
 
 /// A deterministic RNG for a seed (ChaCha through proptest's `TestRng`).
