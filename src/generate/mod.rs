@@ -3,8 +3,10 @@
 //!
 //! [`Case`]: crate::case::Case
 
+pub mod engine;
+pub mod pool;
 pub mod recipe;
 pub mod strategy;
 
-pub use recipe::{LensRecipe, OffsetClass, Padding, Recipe, TableOrder, ValueKind};
+pub use recipe::{LensRecipe, OffsetClass, Padding, PoolRecipe, Recipe, TableOrder, ValueKind};
 pub use strategy::{draw_strategy, Draw, Profile};

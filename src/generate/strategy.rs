@@ -8,6 +8,7 @@
 //! Every component shrinks toward the simplest value (first alternative, zero, fewer
 //! sequences), which is what makes shrunk cases minimal.
 
+use super::engine::{self, EngineDraw};
 use super::recipe::{LensRecipe, OffsetClass, Padding, Recipe, TableOrder, ValueKind};
 use crate::case::ValueLayout;
 use crate::fp8::Fp8Format;
@@ -19,7 +20,9 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Profile {
-    /// What an engine really feeds: H 64, D 128, block 64/1/16, next_n 1-2, pipeline values.
+    /// What a serving engine really feeds: churned multi-GiB KV pools with slab strides,
+    /// decode batches up to 512, long-tailed contexts to max_model_len, MTP, 1M-column
+    /// workspaces, pipeline values (see `generate::engine`).
     Production,
     /// Addresses, strides, tables, lengths: small heads, every block size and edge.
     Layout,
@@ -75,6 +78,8 @@ pub enum LensDraw {
     Skewed { short: Vec<LenSpec>, long: u16 },
     /// 32·k sequences, all of length 0.
     AllZero { groups: u8 },
+    /// Exact lengths, one per request (the engine model's draws).
+    Explicit(Vec<u32>),
 }
 
 /// Everything drawn for one case, before the kernel's capabilities are applied.
@@ -100,6 +105,9 @@ pub struct Draw {
     pub offsets: OffsetClass,
     pub values: ValueKind,
     pub seed: u64,
+    /// The engine model of a production draw (`None` for the other profiles).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<EngineDraw>,
 }
 
 fn len_spec(max: u16) -> impl Strategy<Value = LenSpec> {
@@ -159,8 +167,14 @@ pub fn draw_strategy(profile: Profile) -> SBoxedStrategy<Draw> {
 /// takes combination `k mod 74`, so a campaign of a few hundred cases reaches every
 /// combination (uniform draws would leave a coupon-collector tail).
 pub fn draw_strategy_for_case(profile: Profile, k: u64) -> SBoxedStrategy<Draw> {
+    draw_strategy_scaled(profile, k, 1.0)
+}
+
+/// As [`draw_strategy_for_case`], with the production profile's context lengths
+/// multiplied by `scale` (`--scale`; see `generate::engine`).
+pub fn draw_strategy_scaled(profile: Profile, k: u64, scale: f64) -> SBoxedStrategy<Draw> {
     match profile {
-        Profile::Production => production().sboxed(),
+        Profile::Production => engine::production(scale).sboxed(),
         Profile::Layout => layout(false, k).sboxed(),
         Profile::Hostile => prop_oneof![
             layout(true, k),
@@ -172,7 +186,7 @@ pub fn draw_strategy_for_case(profile: Profile, k: u64) -> SBoxedStrategy<Draw> 
         .sboxed(),
         Profile::All => prop_oneof![
             2 => layout(false, k),
-            1 => production(),
+            1 => engine::production(scale),
             1 => layout(true, k),
         ]
         .sboxed(),
@@ -183,6 +197,8 @@ fn formats() -> SBoxedStrategy<Fp8Format> {
     weighted(vec![(3, Fp8Format::E4m3fn), (1, Fp8Format::E4m3fnuz)])
 }
 
+/// Engine-like shapes at small sizes with pipeline values: the base of the hostile
+/// profile's value mutations.
 fn production() -> impl Strategy<Value = Draw> {
     let shape = (
         weighted(vec![(3, 1usize), (3, 2), (1, 3), (1, 4)]),
@@ -232,6 +248,7 @@ fn production() -> impl Strategy<Value = Draw> {
             offsets: OffsetClass::Low,
             values: ValueKind::Pipeline,
             seed,
+            engine: None,
         },
     )
 }
@@ -376,6 +393,7 @@ fn layout(hostile: bool, k: u64) -> impl Strategy<Value = Draw> {
             offsets,
             values,
             seed,
+            engine: None,
         },
     )
 }
@@ -411,6 +429,16 @@ impl Draw {
     pub fn resolve(&self, caps: &[&Capabilities]) -> (Recipe, Vec<String>) {
         let mut adjust = Vec::new();
         let mut d = self.clone();
+        // An engine runs MTP the kernel does not take natively as one row per token.
+        let mut rows_per_request = 1;
+        if d.engine.is_some()
+            && caps
+                .iter()
+                .any(|c| d.next_n < c.next_n.0 || d.next_n > c.next_n.1)
+        {
+            rows_per_request = d.next_n;
+            d.next_n = 1;
+        }
         for c in caps {
             if !c.formats.contains(&d.format) {
                 adjust.push(format!("format {}", d.format));
@@ -460,17 +488,19 @@ impl Draw {
                 adjust.push("hostile values".into());
                 d.values = ValueKind::Pipeline;
             }
-            if c.max_kv_bytes.is_some_and(|m| m < (1u64 << 33)) && d.offsets != OffsetClass::Low {
+            if c.max_kv_bytes.is_some_and(|m| m < (1u64 << 33))
+                && d.offsets != OffsetClass::Low
+                && d.engine.is_none()
+            {
                 adjust.push(format!("offsets {:?}", d.offsets));
                 d.offsets = OffsetClass::Low;
             }
         }
-        let layout =
-            if d.shuffle16 && d.block_size.is_multiple_of(16) && d.head_dim.is_multiple_of(32) {
-                ValueLayout::Shuffle16
-            } else {
-                ValueLayout::Normal
-            };
+        let layout = engine::layout_of(d.shuffle16, d.block_size, d.head_dim);
+        if let Some(e) = &self.engine {
+            let max_bytes = caps.iter().filter_map(|c| c.max_kv_bytes).min();
+            return engine_recipe(&d, e, layout, rows_per_request, max_bytes, adjust);
+        }
         let base: Vec<usize> = match &d.lens {
             LensDraw::Each(v) => v
                 .iter()
@@ -495,24 +525,10 @@ impl Draw {
                 v
             }
             LensDraw::AllZero { groups } => vec![0; 32 * *groups as usize],
+            LensDraw::Explicit(v) => v.iter().map(|&x| x as usize).collect(),
         };
         let n = d.next_n;
-        let lens = match &d.per_token {
-            None => LensRecipe::PerSequence(base),
-            Some(p) => LensRecipe::PerToken(
-                base.iter()
-                    .enumerate()
-                    .map(|(b, &ctx)| {
-                        (0..n)
-                            .map(|i| {
-                                let std = ctx as i64 - n as i64 + i as i64 + 1;
-                                (std + p[(b * n + i) % p.len()] as i64).max(0) as usize
-                            })
-                            .collect()
-                    })
-                    .collect(),
-            ),
-        };
+        let lens = causal_lens(&d, base);
         let recipe = Recipe {
             next_n: n,
             heads: d.heads,
@@ -535,4 +551,116 @@ impl Draw {
         };
         (recipe, adjust)
     }
+}
+
+/// The lengths of a resolved draw: one per sequence, or per token as the standard
+/// causal lengths `[ctx-N+1 … ctx]` perturbed by `per_token` (all-zero perturbations:
+/// the engine's form).
+fn causal_lens(d: &Draw, base: Vec<usize>) -> LensRecipe {
+    let n = d.next_n;
+    match &d.per_token {
+        None => LensRecipe::PerSequence(base),
+        Some(p) => LensRecipe::PerToken(
+            base.iter()
+                .enumerate()
+                .map(|(b, &ctx)| {
+                    (0..n)
+                        .map(|i| {
+                            let std = ctx as i64 - n as i64 + i as i64 + 1;
+                            (std + p[(b * n + i) % p.len()] as i64).max(0) as usize
+                        })
+                        .collect()
+                })
+                .collect(),
+        ),
+    }
+}
+
+/// A production draw's recipe: the pool for the final block size (within the kernels'
+/// device memory), the batch fitted to the pool and to the workspace limit, lengths
+/// scaled, MTP flattened where the kernel takes fewer rows, CUDA-graph padding, the
+/// model's max_model_len and the engine's full-width block table where it is small.
+fn engine_recipe(
+    d: &Draw,
+    e: &EngineDraw,
+    layout: ValueLayout,
+    rows_per_request: usize,
+    max_bytes: Option<u64>,
+    mut adjust: Vec<String>,
+) -> (Recipe, Vec<String>) {
+    let bs = d.block_size;
+    let mml = e.max_model_len;
+    let n = d.next_n * rows_per_request; // rows of one request
+    let mut pool = e.pool(bs, d.head_dim, max_bytes);
+    if pool != e.pool(bs, d.head_dim, None) {
+        adjust.push("pool capped at the kernel's device memory".into());
+    }
+    let mut lens: Vec<usize> = match &d.lens {
+        LensDraw::Explicit(v) => v.iter().map(|&x| x as usize).collect(),
+        _ => unreachable!("engine draws have explicit lengths"),
+    };
+    // The scheduler admits what the pool holds; the workspace stays within its limit.
+    let capacity = (pool.blocks - 1) as usize;
+    let blocks = |v: &[usize]| v.iter().map(|l| l.div_ceil(bs)).sum::<usize>();
+    while lens.len() > 1 && blocks(&lens) > capacity {
+        lens.pop();
+    }
+    if blocks(&lens) > capacity {
+        lens[0] = lens[0].min(capacity * bs);
+    }
+    let padded = |b: usize| {
+        if e.graph_padding {
+            engine::capture_size_for(b)
+        } else {
+            b
+        }
+    };
+    let workspace = |b: usize| (padded(b) * n) as u64 * mml.next_multiple_of(256) as u64 * 4;
+    while lens.len() > 1 && workspace(lens.len()) > engine::MAX_WORKSPACE_BYTES {
+        lens.pop();
+    }
+    for (i, l) in lens.iter_mut().enumerate() {
+        if *l > 0 && e.capped != Some(i) {
+            *l = ((*l as f64 * e.scale).round() as usize).clamp(n, mml);
+        }
+    }
+    let requests = lens.len();
+    lens.resize(padded(requests), 0);
+    let base: Vec<usize> = if rows_per_request > 1 {
+        lens.iter()
+            .flat_map(|&l| (0..n).map(move |i| (l + i + 1).saturating_sub(n)))
+            .collect()
+    } else {
+        lens
+    };
+    pool.rows_per_request = rows_per_request as u8;
+    let longest = base.iter().copied().max().unwrap_or(0);
+    let width = mml.div_ceil(bs);
+    let need = longest.div_ceil(bs);
+    let surplus = if base.len() * width <= engine::FULL_TABLE_ENTRIES {
+        width - need
+    } else {
+        (width - need).min(16)
+    };
+    let recipe = Recipe {
+        next_n: d.next_n,
+        heads: d.heads,
+        head_dim: d.head_dim,
+        block_size: bs,
+        layout,
+        format: d.format,
+        lens: causal_lens(d, base),
+        model_len_slack: mml - longest,
+        out_stride_pad: mml.next_multiple_of(256) - mml,
+        big_output: false,
+        table_order: d.table_order,
+        padding: d.padding,
+        surplus_blocks: surplus,
+        table_stride_pad: 0,
+        kv_stride_pad: 0,
+        offsets: OffsetClass::Pool(pool),
+        values: d.values,
+        seed: d.seed,
+    };
+    (recipe, adjust)
 }
