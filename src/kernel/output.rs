@@ -9,6 +9,44 @@ pub const POISON_BITS: u32 = 0x7FC0_FFEE;
 /// Guard elements on each side of the buffer.
 pub const GUARD_ELEMS: usize = 4096;
 
+/// Allocations of at least this many elements (64 MiB) are recycled: an engine-sized
+/// workspace (up to 4 GiB) costs its page faults once per campaign instead of once per
+/// case, and is poisoned on every core.
+const RECYCLE_MIN_ELEMS: usize = 16 << 20;
+/// Recycled allocations kept at most (one per concurrent case of a CPU campaign).
+const SPARE_MAX: usize = 2;
+
+static SPARE: std::sync::Mutex<Vec<Vec<f32>>> = std::sync::Mutex::new(Vec::new());
+
+/// `n` poisoned elements, in a recycled allocation where one fits.
+fn poisoned(n: usize) -> Vec<f32> {
+    use rayon::prelude::*;
+    let poison = f32::from_bits(POISON_BITS);
+    if n < RECYCLE_MIN_ELEMS {
+        return vec![poison; n];
+    }
+    let spare = {
+        let mut s = SPARE.lock().unwrap_or_else(|e| e.into_inner());
+        let best = (0..s.len())
+            .filter(|&i| s[i].capacity() >= n)
+            .min_by_key(|&i| s[i].capacity());
+        best.map(|i| s.swap_remove(i))
+    };
+    let mut v = spare.unwrap_or_default();
+    v.clear();
+    v.reserve_exact(n);
+    v.spare_capacity_mut()[..n]
+        .par_chunks_mut(1 << 20)
+        .for_each(|c| {
+            c.iter_mut().for_each(|x| {
+                x.write(poison);
+            })
+        });
+    // SAFETY: the first `n` elements were initialised just above.
+    unsafe { v.set_len(n) };
+    v
+}
+
 #[derive(Clone, Debug)]
 pub struct OutputBuffer {
     pub rows: usize,
@@ -23,12 +61,11 @@ impl OutputBuffer {
     /// A poisoned buffer for `rows x cols` with the given row stride.
     pub fn new(rows: usize, cols: usize, row_stride: usize) -> Self {
         assert!(row_stride >= cols);
-        let poison = f32::from_bits(POISON_BITS);
         OutputBuffer {
             rows,
             row_stride,
             cols,
-            data: vec![poison; 2 * GUARD_ELEMS + rows * row_stride],
+            data: poisoned(2 * GUARD_ELEMS + rows * row_stride),
         }
     }
 
@@ -38,8 +75,11 @@ impl OutputBuffer {
 
     /// Re-poisons every element (to reuse the allocation).
     pub fn repoison(&mut self) {
+        use rayon::prelude::*;
         let poison = f32::from_bits(POISON_BITS);
-        self.data.fill(poison);
+        self.data
+            .par_chunks_mut(1 << 20)
+            .for_each(|c| c.fill(poison));
     }
 
     #[inline]
@@ -106,5 +146,21 @@ impl OutputBuffer {
         }
         scan(n - GUARD_ELEMS..n);
         v
+    }
+}
+
+impl Drop for OutputBuffer {
+    /// Hands a large allocation back for the next case ([`RECYCLE_MIN_ELEMS`]).
+    fn drop(&mut self) {
+        if self.data.capacity() < RECYCLE_MIN_ELEMS {
+            return;
+        }
+        let v = std::mem::take(&mut self.data);
+        let mut s = SPARE.lock().unwrap_or_else(|e| e.into_inner());
+        s.push(v);
+        if s.len() > SPARE_MAX {
+            let smallest = (0..s.len()).min_by_key(|&i| s[i].capacity()).unwrap_or(0);
+            s.swap_remove(smallest);
+        }
     }
 }
