@@ -394,8 +394,15 @@ pub struct RunArgs {
     pub gpus: Option<String>,
     /// How much of each generated case the reference checks: full, sample:<fraction> (rows,
     /// plus every boundary position) or boundaries (block, chunk and context edges only).
-    #[arg(long, default_value = "full", value_parser = |s: &str| s.parse::<crate::reference::verify::VerifyMode>())]
-    pub verify: crate::reference::verify::VerifyMode,
+    /// Default: full, except production cases of CPU kernels (sample:0.05).
+    #[arg(long, value_parser = |s: &str| s.parse::<crate::reference::verify::VerifyMode>())]
+    pub verify: Option<crate::reference::verify::VerifyMode>,
+    /// Production profile: multiply the engine's context lengths by this (0 < F <= 1;
+    /// requests at max_model_len stay there). Pools, strides, block ids, batch sizes and
+    /// workspaces keep an engine's size. Default: 1 for kernels on an accelerator,
+    /// 1/64 for CPU kernels.
+    #[arg(long, value_parser = parse_scale, allow_hyphen_values = true)]
+    pub scale: Option<f64>,
     /// Stop generating after this many distinct findings (e.g. 1 for a quick gate).
     #[arg(long)]
     pub max_findings: Option<usize>,
@@ -429,6 +436,23 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         return Err(format!("{s:?} is out of range"));
     }
     Ok(Duration::from_secs_f64(secs))
+}
+
+/// Parses `--scale`: a number in (0, 1] or a fraction `1/N`.
+pub fn parse_scale(s: &str) -> Result<f64, String> {
+    let x = match s.split_once('/') {
+        Some((a, b)) => match (a.trim().parse::<f64>(), b.trim().parse::<f64>()) {
+            (Ok(a), Ok(b)) if b != 0.0 => Ok(a / b),
+            _ => Err(()),
+        },
+        None => s.trim().parse::<f64>().map_err(|_| ()),
+    };
+    match x {
+        Ok(x) if x > 0.0 && x <= 1.0 => Ok(x),
+        _ => Err(format!(
+            "{s:?} is not a scale: a number in (0, 1] or a fraction like 1/64"
+        )),
+    }
 }
 
 fn parse_seed(s: &str) -> Result<u64, String> {
@@ -498,6 +522,7 @@ fn cmd_run(args: RunArgs) -> Result<i32, Fatal> {
     cfg.quiet = args.quiet;
     cfg.stop_after_findings = args.max_findings;
     cfg.verify = args.verify;
+    cfg.scale = args.scale;
     if let Some(spec) = &args.gpus {
         cfg.gpus = Some(kernel::cuda::select_gpus(spec)?);
     }

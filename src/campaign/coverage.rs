@@ -31,6 +31,116 @@ fn offset_name(o: OffsetClass) -> &'static str {
         OffsetClass::Low => "low",
         OffsetClass::Around2G => "around_2g",
         OffsetClass::Around4G => "around_4g",
+        OffsetClass::Pool(_) => "pool",
+    }
+}
+
+/// The band of the largest referenced KV byte offset (exclusive bands).
+fn kv_band(case: &Case) -> &'static str {
+    let max_off = case
+        .kv
+        .blocks
+        .keys()
+        .max()
+        .map(|&id| id * case.kv_block_stride)
+        .unwrap_or(0);
+    match max_off {
+        x if x >= 1 << 32 => "past_4g",
+        x if x >= 1 << 31 => "2g_to_4g",
+        _ => "below_2g",
+    }
+}
+
+fn batch_bin(requests: usize) -> &'static str {
+    match requests {
+        0..=1 => "1",
+        2..=8 => "2-8",
+        9..=64 => "9-64",
+        65..=256 => "65-256",
+        _ => "257+",
+    }
+}
+
+fn context_bin(ctx: usize) -> &'static str {
+    match ctx {
+        0..=4096 => "<=4K",
+        4097..=32768 => "<=32K",
+        32769..=131072 => "<=128K",
+        _ => ">128K",
+    }
+}
+
+fn workspace_bin(bytes: u64) -> &'static str {
+    match bytes {
+        x if x >= 2 << 30 => ">=2G",
+        x if x >= 256 << 20 => "256M-2G",
+        _ => "<256M",
+    }
+}
+
+/// The production profile's axes: what an engine's batches reached.
+fn expected_production(c: &mut Coverage, caps: &[&Capabilities]) {
+    let mut put = |axis: &str, vals: &[&str]| {
+        let m = c.axes.entry(axis.to_string()).or_default();
+        for v in vals {
+            m.insert(v.to_string(), 0);
+        }
+    };
+    let bss: Vec<&str> = ["1", "16", "64", "256"]
+        .into_iter()
+        .filter(|b| {
+            caps.iter()
+                .all(|c| c.block_sizes.allows(b.parse().unwrap()))
+        })
+        .collect();
+    put("block_size", &bss);
+    let formats: Vec<&str> = crate::fp8::Fp8Format::ALL
+        .iter()
+        .filter(|f| caps.iter().all(|c| c.formats.contains(f)))
+        .map(|f| f.name())
+        .collect();
+    put("format", &formats);
+    let layouts: Vec<&str> = [ValueLayout::Normal, ValueLayout::Shuffle16]
+        .into_iter()
+        .filter(|l| caps.iter().all(|c| c.layouts.contains(l)))
+        .map(|l| l.name())
+        .collect();
+    put("layout", &layouts);
+    let native_max = caps.iter().map(|c| c.next_n.1).min().unwrap_or(1);
+    put(
+        "mtp",
+        if native_max >= 4 {
+            &["native"]
+        } else {
+            &["native", "flattened"]
+        },
+    );
+    put(
+        "length_class",
+        &[
+            "zero_trailing",
+            "all_zero_batch32",
+            "block_edge",
+            "chunk_edge",
+            "eq_max_model_len",
+            "long",
+        ],
+    );
+    put("table_order", &["sequential", "shared_prefix"]);
+    put("padding", &["zero", "stale"]);
+    put("kv_offsets", &["below_2g", "past_2g", "past_4g"]);
+    put("kv_stride", &["tight", "padded"]);
+    put("out_offsets", &["below_2g", "past_2g"]);
+    put("values", &["pipeline"]);
+    put("batch", &["1", "2-8", "9-64", "65-256", "257+"]);
+    put("context", &["<=4K", "<=32K", "<=128K", ">128K"]);
+    put("rows", &["<=512", ">512"]);
+    put("workspace", &["<256M", "256M-2G", ">=2G"]);
+    put("pool", &["fresh", "churned"]);
+    for bs in &bss {
+        for band in ["below_2g", "2g_to_4g", "past_4g"] {
+            c.combos.insert(format!("bs={bs}|kv={band}"), 0);
+        }
     }
 }
 
@@ -40,6 +150,10 @@ pub fn expected(caps: &[&Capabilities], profile: crate::generate::Profile) -> Co
     let production = profile == Profile::Production;
     let hostile = matches!(profile, Profile::Hostile | Profile::All);
     let mut c = Coverage::default();
+    if production {
+        expected_production(&mut c, caps);
+        return c;
+    }
     let mut put = |axis: &str, vals: &[&str]| {
         let m = c.axes.entry(axis.to_string()).or_default();
         for v in vals {
@@ -69,33 +183,26 @@ pub fn expected(caps: &[&Capabilities], profile: crate::generate::Profile) -> Co
             "long",
         ],
     );
-    if production {
-        put("table_order", &["sequential", "permuted", "shared_prefix"]);
-        put("padding", &["zero", "minus_one"]);
-        put("kv_offsets", &["low"]);
-        put("values", &["pipeline"]);
-    } else {
-        put(
-            "table_order",
-            &["sequential", "permuted", "reversed", "shared_prefix"],
-        );
-        put("padding", &["zero", "minus_one", "huge", "garbage"]);
-        put(
-            "kv_offsets",
-            &["low", "around_2g", "around_4g", "past_2g", "past_4g"],
-        );
-        put("kv_stride", &["tight", "padded"]);
-        put("out_offsets", &["below_2g", "past_2g"]);
-        put("out_stride", &["tight", "padded"]);
-        let mut vals = vec!["pipeline"];
-        if profile != Profile::Hostile {
-            vals.extend(["uniform_codes", "extreme", "relu_boundary", "all_negative"]);
-        }
-        if hostile {
-            vals.push("hostile");
-        }
-        put("values", &vals);
+    put(
+        "table_order",
+        &["sequential", "permuted", "reversed", "shared_prefix"],
+    );
+    put("padding", &["zero", "minus_one", "huge", "garbage"]);
+    put(
+        "kv_offsets",
+        &["low", "around_2g", "around_4g", "past_2g", "past_4g"],
+    );
+    put("kv_stride", &["tight", "padded"]);
+    put("out_offsets", &["below_2g", "past_2g"]);
+    put("out_stride", &["tight", "padded"]);
+    let mut vals = vec!["pipeline"];
+    if profile != Profile::Hostile {
+        vals.extend(["uniform_codes", "extreme", "relu_boundary", "all_negative"]);
     }
+    if hostile {
+        vals.push("hostile");
+    }
+    put("values", &vals);
     let bs_ok = |bs: &str| {
         let n: usize = match bs {
             "other" => 3,
@@ -111,11 +218,7 @@ pub fn expected(caps: &[&Capabilities], profile: crate::generate::Profile) -> Co
         caps.iter().all(|c| v >= c.next_n.0 && v <= c.next_n.1)
     };
     let layout_ok = |l: ValueLayout| caps.iter().all(|c| c.layouts.contains(&l));
-    let offsets: &[&str] = if production {
-        &["low"]
-    } else {
-        &["low", "around_2g", "around_4g"]
-    };
+    let offsets: &[&str] = &["low", "around_2g", "around_4g"];
     for bs in ["1", "16", "64", "256", "other"]
         .into_iter()
         .filter(|b| bs_ok(b))
@@ -182,10 +285,38 @@ pub fn record(cov: &mut Coverage, recipe: &Recipe, case: &Case) {
                 crate::generate::Padding::MinusOne => "minus_one",
                 crate::generate::Padding::Huge => "huge",
                 crate::generate::Padding::Garbage => "garbage",
+                crate::generate::Padding::Stale => "stale",
             },
         );
     }
-    hit("kv_offsets", offset_name(recipe.offsets));
+    let pool = match recipe.offsets {
+        OffsetClass::Pool(p) => Some(p),
+        _ => None,
+    };
+    if let Some(p) = pool {
+        if kv_band(case) == "below_2g" {
+            hit("kv_offsets", "below_2g");
+        }
+        hit("pool", if p.churn == 0 { "fresh" } else { "churned" });
+        hit(
+            "mtp",
+            if p.rows_per_request > 1 {
+                "flattened"
+            } else {
+                "native"
+            },
+        );
+    } else {
+        hit("kv_offsets", offset_name(recipe.offsets));
+    }
+    let requests = s.batch / pool.map_or(1, |p| p.rows_per_request.max(1) as usize);
+    hit("batch", batch_bin(requests));
+    let live = (0..s.batch).map(|b| case.seq_tokens(b)).filter(|&t| t > 0);
+    for ctx in live {
+        hit("context", context_bin(ctx));
+    }
+    hit("rows", if case.rows() > 512 { ">512" } else { "<=512" });
+    hit("workspace", workspace_bin(case.output_bytes()));
     let max_off = case
         .kv
         .blocks
@@ -239,14 +370,17 @@ pub fn record(cov: &mut Coverage, recipe: &Recipe, case: &Case) {
     } else {
         "normal"
     };
-    *cov.combos
-        .entry(format!(
+    let combo = if pool.is_some() {
+        format!("bs={}|kv={}", bs_class(s.block_size), kv_band(case))
+    } else {
+        format!(
             "bs={}|n={}|{layout}|{}",
             bs_class(s.block_size),
             n_class(s.next_n),
             offset_name(recipe.offsets)
-        ))
-        .or_default() += 1;
+        )
+    };
+    *cov.combos.entry(combo).or_default() += 1;
 }
 
 /// The length edges a case contains.

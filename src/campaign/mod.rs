@@ -12,7 +12,7 @@ mod shrink;
 
 use crate::case::{Case, CaseFile, Provenance};
 use crate::error::Fatal;
-use crate::generate::strategy::draw_strategy_for_case;
+use crate::generate::strategy::draw_strategy_scaled;
 use crate::generate::{Draw, Profile, Recipe};
 use crate::harness::{self, ReferenceCache};
 use crate::kernel::{self, Kernel};
@@ -53,9 +53,23 @@ pub struct Config {
     pub stop_after_findings: Option<usize>,
     /// GPUs for `cuda:` kernels (`--gpus`); `None`: all visible.
     pub gpus: Option<Vec<usize>>,
-    /// How much of each generated case the reference checks.
-    pub verify: crate::reference::verify::VerifyMode,
+    /// How much of each generated case the reference checks (`None`: full, except
+    /// production cases of CPU kernels: [`CPU_PRODUCTION_VERIFY`]).
+    pub verify: Option<crate::reference::verify::VerifyMode>,
+    /// The production profile's context-length scale (`None`: 1 for kernels on an
+    /// accelerator, [`CPU_PRODUCTION_SCALE`] for CPU kernels).
+    pub scale: Option<f64>,
 }
+
+/// Production cases of CPU kernels have an engine's geometry (pool, strides, ids, batch,
+/// workspace) with context lengths scaled by this, so that a 2-core machine judges a
+/// few cases a second instead of one a minute.
+pub const CPU_PRODUCTION_SCALE: f64 = 1.0 / 64.0;
+
+/// Production cases of CPU kernels are verified on every boundary position and 5% of
+/// the rows.
+pub const CPU_PRODUCTION_VERIFY: crate::reference::verify::VerifyMode =
+    crate::reference::verify::VerifyMode::Sample(0.05);
 
 impl Config {
     pub fn new(kernels: Vec<String>, report_dir: PathBuf) -> Self {
@@ -78,7 +92,8 @@ impl Config {
             command_line: String::new(),
             stop_after_findings: None,
             gpus: None,
-            verify: crate::reference::verify::VerifyMode::Full,
+            verify: None,
+            scale: None,
         }
     }
 }
@@ -140,9 +155,29 @@ struct Engine<'a> {
     cfg: &'a Config,
     kernels: Vec<Box<dyn Kernel>>,
     profile: Profile,
+    /// The production profile's context-length scale in force.
+    scale: f64,
+    /// How the other profiles' cases are verified.
+    verify: crate::reference::verify::VerifyMode,
+    /// How production (engine-model) cases are verified.
+    production_verify: crate::reference::verify::VerifyMode,
 }
 
 impl Engine<'_> {
+    /// How a case of `recipe` is verified.
+    fn verify_for(&self, recipe: &Recipe) -> crate::reference::verify::VerifyMode {
+        if matches!(recipe.offsets, crate::generate::OffsetClass::Pool(_)) {
+            self.production_verify
+        } else {
+            self.verify
+        }
+    }
+
+    /// The strategy of case `k`.
+    fn strategy(&self, k: u64) -> SBoxedStrategy<Draw> {
+        draw_strategy_scaled(self.profile, k, self.scale)
+    }
+
     fn caps(&self) -> Vec<&kernel::Capabilities> {
         self.kernels.iter().map(|k| k.capabilities()).collect()
     }
@@ -156,7 +191,7 @@ impl Engine<'_> {
 
     fn run_case(&self, k: u64, seed: u64) -> CaseResult {
         let t0 = Instant::now();
-        let draw = value_tree(&draw_strategy_for_case(self.profile, k), seed).current();
+        let draw = value_tree(&self.strategy(k), seed).current();
         let (recipe, case, adjustments) = self.materialize(&draw);
         let generate_secs = t0.elapsed().as_secs_f64();
         if let Err(e) = case.validate() {
@@ -179,7 +214,7 @@ impl Engine<'_> {
             };
         }
         let mut refs =
-            ReferenceCache::with_selection(&case, self.cfg.verify.selection(&case, seed));
+            ReferenceCache::with_selection(&case, self.verify_for(&recipe).selection(&case, seed));
         let mut verdicts = Vec::new();
         let mut outputs = Vec::new();
         let mut run_wall_secs = Vec::new();
@@ -315,6 +350,17 @@ pub fn replay_command(file: &Path, kernel: &str) -> String {
     )
 }
 
+/// `1/256 of` or `the full size of` (for the campaign's first lines).
+pub fn scale_words(scale: f64) -> String {
+    if scale >= 1.0 {
+        "the full size of".into()
+    } else if (1.0 / scale).fract().abs() < 1e-9 {
+        format!("1/{} of", (1.0 / scale).round())
+    } else {
+        format!("{scale} ×")
+    }
+}
+
 /// Runs a campaign.
 pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
     let started = Instant::now();
@@ -344,10 +390,36 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
     check_writable(&cfg.report_dir)?;
     interrupt::install();
 
+    let full_size = kernels.iter().any(|k| k.on_accelerator());
+    let scale = cfg
+        .scale
+        .unwrap_or(if full_size { 1.0 } else { CPU_PRODUCTION_SCALE });
+    let engine_sized = matches!(cfg.profile, Profile::Production | Profile::All);
+    let production_verify = cfg.verify.unwrap_or(if full_size {
+        crate::reference::verify::VerifyMode::Full
+    } else {
+        CPU_PRODUCTION_VERIFY
+    });
+    if engine_sized && !cfg.quiet {
+        eprintln!(
+            "mqa-fuzz: production cases at {} an engine's context lengths ({}), verified {production_verify}",
+            scale_words(scale),
+            if cfg.scale.is_some() {
+                "--scale"
+            } else if full_size {
+                "a kernel on an accelerator"
+            } else {
+                "CPU kernels; --scale 1 for full size"
+            }
+        );
+    }
     let engine = Engine {
         cfg,
         kernels,
         profile: cfg.profile,
+        scale,
+        verify: cfg.verify.unwrap_or_default(),
+        production_verify,
     };
     let caps = engine.caps();
     let mut report = Report {
@@ -528,12 +600,13 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
                 for ((kern, v), wall) in
                     engine.kernels.iter().zip(&r.verdicts).zip(&r.run_wall_secs)
                 {
-                    timings.kernel_secs += add_verdict(
-                        report.per_kernel.get_mut(kern.name()).unwrap(),
-                        v,
-                        *wall,
-                        &r.case,
-                    );
+                    let stats = report.per_kernel.get_mut(kern.name()).unwrap();
+                    timings.kernel_secs += add_verdict(stats, v, *wall, &r.case);
+                    if let crate::generate::OffsetClass::Pool(pool) = &r.recipe.offsets {
+                        if v.skipped.is_none() && !v.classes.contains_key(&Class::Crash) {
+                            stats.population.record(&r.case, pool, engine.scale);
+                        }
+                    }
                     if let Some(why) = &v.skipped {
                         report.counts.cases_skipped += 1;
                         *report

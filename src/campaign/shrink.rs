@@ -34,10 +34,7 @@ pub(super) fn shrink(
     budget: Duration,
 ) -> Shrunk {
     let start = Instant::now();
-    let mut tree = value_tree(
-        &crate::generate::strategy::draw_strategy_for_case(engine.profile, k),
-        seed,
-    );
+    let mut tree = value_tree(&engine.strategy(k), seed);
     let (recipe, _, _) = engine.materialize(&tree.current());
     let mut best = Shrunk {
         recipe,

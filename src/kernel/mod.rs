@@ -180,6 +180,11 @@ pub trait Kernel: Send + Sync {
     fn preferred_jobs(&self) -> usize {
         1
     }
+    /// Whether the kernel runs on an accelerator (a GPU of its own): production cases
+    /// then run at an engine's full size; CPU kernels get them scaled (`--scale`).
+    fn on_accelerator(&self) -> bool {
+        false
+    }
     /// Runs the case into `out` (poisoned, guarded, owned by the harness).
     fn run(&self, case: &Case, out: &mut OutputBuffer) -> Result<RunInfo, RunError>;
 }

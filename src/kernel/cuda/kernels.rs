@@ -219,6 +219,10 @@ impl Kernel for CudaDirect {
         &self.name
     }
 
+    fn on_accelerator(&self) -> bool {
+        true
+    }
+
     fn capabilities(&self) -> &Capabilities {
         &self.caps
     }

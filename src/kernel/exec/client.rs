@@ -598,6 +598,13 @@ impl Kernel for ExecKernel {
         &self.hello.capabilities
     }
 
+    /// A worker that names a device other than the CPU (`NVIDIA H200 (sm90)`, `cuda`,
+    /// `rocm`).
+    fn on_accelerator(&self) -> bool {
+        let d = self.hello.device.trim().to_ascii_lowercase();
+        !(d.is_empty() || d.starts_with("cpu"))
+    }
+
     fn preferred_jobs(&self) -> usize {
         self.slots.len()
     }
