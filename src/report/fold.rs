@@ -33,6 +33,7 @@ fn add_stats(into: &mut KernelStats, k: &KernelStats) {
             .or_default()
             .merge(t);
     }
+    into.population.merge(&k.population);
     // f64::max ignores NaN; an infinite ratio (NaN element) must win.
     if k.max_err_over_bound > into.max_err_over_bound || k.max_err_over_bound.is_nan() {
         into.max_err_over_bound = k.max_err_over_bound;

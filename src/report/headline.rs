@@ -1,7 +1,7 @@
 //! The one-line verdict per kernel: the question users ask ("can we drop the
 //! `nan_to_num_(-inf)` guard after this kernel?") answered with the evidence behind it.
 
-use super::model::{KernelStats, Report};
+use super::model::{KernelStats, Population, Report, Span};
 
 /// Thousands separators, so that 1234567 logits read at a glance.
 pub fn group(n: u64) -> String {
@@ -28,6 +28,16 @@ fn plural(n: u64, one: &str, many: &str) -> String {
 /// failure probability is below 3/n with 95% confidence (exactly `1 - 0.05^(1/n)`).
 pub fn kernel_headline(name: &str, k: &KernelStats) -> String {
     let g = &k.guard;
+    let p = &k.population;
+    // The population the verdict speaks for: all production cases, or some of them.
+    let (label, all_production) = if p.cases > 0 && p.cases == g.cases {
+        (
+            "production-profile cases",
+            format!("{}; ", population_words(p)),
+        )
+    } else {
+        ("cases", String::new())
+    };
     let mut s = format!("{name}: ");
     if g.cases == 0 {
         s.push_str(&format!(
@@ -43,7 +53,7 @@ pub fn kernel_headline(name: &str, k: &KernelStats) -> String {
         s.push(')');
     } else if g.redundant_cases == g.cases {
         s.push_str(&format!(
-            "guard redundant on {}/{} cases ({}, {} checked in the valid range); 95% upper bound on the per-case failure rate 3/{} = {}",
+            "guard redundant on {}/{} {label} ({all_production}{}, {} checked in the valid range); 95% upper bound on the per-case failure rate 3/{} = {}",
             group(g.redundant_cases),
             group(g.cases),
             plural(k.rows_checked, "row", "rows"),
@@ -63,7 +73,7 @@ pub fn kernel_headline(name: &str, k: &KernelStats) -> String {
     } else {
         let bad = g.cases - g.redundant_cases;
         s.push_str(&format!(
-            "guard NEEDED on {}/{} cases: it changes {} in {} (nan {}, +inf {}, -inf {}) of {} checked",
+            "guard NEEDED on {}/{} {label}: it changes {} in {} (nan {}, +inf {}, -inf {}) of {} checked",
             group(bad),
             group(g.cases),
             plural(g.nan + g.pos_inf + g.neg_inf, "element", "elements"),
@@ -73,6 +83,15 @@ pub fn kernel_headline(name: &str, k: &KernelStats) -> String {
             group(g.neg_inf),
             plural(k.logits_checked, "logit", "logits"),
         ));
+    }
+    if p.cases > 0 && p.cases != g.cases {
+        s.push_str(&format!(
+            "; {} of them production-profile ({})",
+            plural(p.cases, "case", "cases"),
+            population_words(p)
+        ));
+    } else if p.cases > 0 && g.redundant_cases != g.cases {
+        s.push_str(&format!(" ({})", population_words(p)));
     }
     if k.with_findings > 0 {
         let classes: Vec<String> = k
@@ -87,6 +106,55 @@ pub fn kernel_headline(name: &str, k: &KernelStats) -> String {
         ));
     }
     s
+}
+
+fn span(s: Option<Span>, f: impl Fn(u64) -> String) -> String {
+    match s {
+        None => "?".into(),
+        Some(s) if s.min == s.max => f(s.min),
+        Some(s) => format!("{}–{}", f(s.min), f(s.max)),
+    }
+}
+
+/// Bytes in the largest binary unit that keeps a number ≥ 1 (`75.3 GiB`).
+pub fn bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut x = n as f64;
+    let mut u = 0;
+    while x >= 1024.0 && u + 1 < UNITS.len() {
+        x /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{} B", group(n))
+    } else {
+        format!("{x:.1} {}", UNITS[u])
+    }
+}
+
+/// The production population in words: `pool 16,753–85,707 blocks × 8,448–1,473,408 B,
+/// KV offsets to 75.3 GiB, B 1–512 (2–1,024 rows), ctx ≤ 163,840 of max_model_len
+/// 65,536–1,048,576, workspace to 4.0 GiB, contexts at 1/64`.
+pub fn population_words(p: &Population) -> String {
+    let max = |s: Option<Span>| s.map_or(0, |s| s.max);
+    let mut w = format!(
+        "pool {} blocks × {} B, KV offsets to {}, B {} ({} rows), ctx ≤ {} of max_model_len {}, workspace to {}",
+        span(p.pool_blocks, group),
+        span(p.kv_stride, group),
+        bytes(max(p.kv_offset)),
+        span(p.batch, group),
+        span(p.rows, group),
+        group(max(p.context)),
+        span(p.max_model_len, group),
+        bytes(max(p.workspace_bytes)),
+    );
+    if let Some(s) = p.inverse_scale.filter(|s| s.max > 1) {
+        w.push_str(&format!(
+            ", contexts at {}",
+            span(Some(s), |x| format!("1/{x}"))
+        ));
+    }
+    w
 }
 
 fn percent(x: f64) -> String {

@@ -113,6 +113,99 @@ pub struct KernelStats {
     /// Largest `|err| / bound` seen (infinite when an element was NaN or ±inf).
     #[serde(with = "json_f64")]
     pub max_err_over_bound: f64,
+    /// What the production-profile cases whose guard verdict counts were: the population
+    /// the verdict speaks for.
+    pub population: Population,
+}
+
+/// The smallest and largest value seen (`None` before the first).
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Span {
+    pub min: u64,
+    pub max: u64,
+}
+
+impl Span {
+    fn add(this: &mut Option<Span>, x: u64) {
+        *this = Some(match *this {
+            None => Span { min: x, max: x },
+            Some(s) => Span {
+                min: s.min.min(x),
+                max: s.max.max(x),
+            },
+        });
+    }
+
+    /// Folds `b` into `a` (shards, kernels).
+    pub fn merge(a: &mut Option<Span>, b: Option<Span>) {
+        if let Some(b) = b {
+            Span::add(a, b.min);
+            Span::add(a, b.max);
+        }
+    }
+}
+
+/// The engine-model (production-profile) cases a kernel's guard verdict covers.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct Population {
+    /// Production cases judged (crashes and skips excluded, as for the guard).
+    pub cases: u64,
+    /// KV pool size, in blocks.
+    pub pool_blocks: Option<Span>,
+    /// Bytes from one block to the next.
+    pub kv_stride: Option<Span>,
+    /// Largest referenced KV byte offset.
+    pub kv_offset: Option<Span>,
+    /// Requests in the batch (MTP rows of one request counted once).
+    pub batch: Option<Span>,
+    /// Output rows.
+    pub rows: Option<Span>,
+    /// The longest context of a case.
+    pub context: Option<Span>,
+    pub max_model_len: Option<Span>,
+    /// Output workspace bytes.
+    pub workspace_bytes: Option<Span>,
+    /// The `--scale` the cases were drawn at (smallest and largest, as `1/scale`).
+    pub inverse_scale: Option<Span>,
+}
+
+impl Population {
+    /// Counts one judged production case.
+    pub fn record(
+        &mut self,
+        case: &crate::case::Case,
+        pool: &crate::generate::PoolRecipe,
+        scale: f64,
+    ) {
+        self.cases += 1;
+        Span::add(&mut self.pool_blocks, pool.blocks);
+        Span::add(&mut self.kv_stride, case.kv_block_stride);
+        let top = case.kv.blocks.keys().max().copied().unwrap_or(0);
+        Span::add(&mut self.kv_offset, top * case.kv_block_stride);
+        let requests = case.shape.batch / (pool.rows_per_request.max(1) as usize);
+        Span::add(&mut self.batch, requests as u64);
+        Span::add(&mut self.rows, case.rows() as u64);
+        let longest = (0..case.shape.batch).map(|b| case.seq_tokens(b)).max();
+        Span::add(&mut self.context, longest.unwrap_or(0) as u64);
+        Span::add(&mut self.max_model_len, case.max_model_len as u64);
+        Span::add(&mut self.workspace_bytes, case.output_bytes());
+        Span::add(&mut self.inverse_scale, (1.0 / scale).round() as u64);
+    }
+
+    /// Folds `b` into `self`.
+    pub fn merge(&mut self, b: &Population) {
+        self.cases += b.cases;
+        Span::merge(&mut self.pool_blocks, b.pool_blocks);
+        Span::merge(&mut self.kv_stride, b.kv_stride);
+        Span::merge(&mut self.kv_offset, b.kv_offset);
+        Span::merge(&mut self.batch, b.batch);
+        Span::merge(&mut self.rows, b.rows);
+        Span::merge(&mut self.context, b.context);
+        Span::merge(&mut self.max_model_len, b.max_model_len);
+        Span::merge(&mut self.workspace_bytes, b.workspace_bytes);
+        Span::merge(&mut self.inverse_scale, b.inverse_scale);
+    }
 }
 
 /// A case's shape class for kernel timings: heads, head dim, next_n and the KV tokens
