@@ -46,6 +46,27 @@ pub struct BugRun {
     pub replay_reproduces: Option<bool>,
 }
 
+/// One planted bug fuzzed with `--profile production`: does an engine's own input reach it?
+#[derive(Clone, Debug, Serialize)]
+pub struct ProductionRun {
+    pub kernel: String,
+    /// How an engine's inputs trigger the bug (`None`: they cannot, by design).
+    pub engine_trigger: Option<String>,
+    pub reached: bool,
+    pub cases: u64,
+    pub secs: f64,
+    pub class: Option<String>,
+}
+
+impl ProductionRun {
+    /// Reached exactly when an engine can trigger it: a reachable bug the profile misses
+    /// is a hole in the engine model, an unreachable one it finds means the profile
+    /// produces something no engine would.
+    pub fn as_expected(&self) -> bool {
+        self.reached == self.engine_trigger.is_some()
+    }
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct CleanRun {
     pub kernel: String,
@@ -60,6 +81,8 @@ pub struct SelftestReport {
     pub budget_secs: f64,
     pub seeds: u64,
     pub bugs: Vec<BugRun>,
+    /// Each planted bug against `--profile production`.
+    pub production: Vec<ProductionRun>,
     pub clean: Vec<CleanRun>,
     /// Per backend: (detected planted bugs, planted bugs).
     pub mutation_score: std::collections::BTreeMap<String, (usize, usize)>,
@@ -116,6 +139,7 @@ pub fn run(opt: &Options) -> Result<i32, Fatal> {
         budget_secs: opt.budget.as_secs_f64(),
         seeds: opt.seeds,
         bugs: Vec::new(),
+        production: Vec::new(),
         clean: Vec::new(),
         mutation_score: Default::default(),
         median_secs_to_detect: Default::default(),
@@ -182,6 +206,17 @@ pub fn run(opt: &Options) -> Result<i32, Fatal> {
             .median_secs_to_detect
             .insert(name.clone(), median(&mut times));
     }
+    for name in &bugs {
+        if campaign::interrupt::requested() {
+            break;
+        }
+        let run = production_run(name, &work, opt.budget * PRODUCTION_BUDGET_FACTOR)?;
+        report.passed &= run.as_expected();
+        if !opt.json {
+            print_production_line(&run);
+        }
+        report.production.push(run);
+    }
     for name in &clean {
         if campaign::interrupt::requested() {
             break;
@@ -246,6 +281,23 @@ pub fn run(opt: &Options) -> Result<i32, Fatal> {
         for (backend, (d, n)) in &report.mutation_score {
             println!("mutation score {backend}: {d}/{n} planted bugs detected on every seed");
         }
+        let reached = report.production.iter().filter(|r| r.reached).count();
+        let reachable = report
+            .production
+            .iter()
+            .filter(|r| r.engine_trigger.is_some())
+            .count();
+        if !report.production.is_empty() {
+            println!(
+                "production profile: reached {reached} of {} planted bugs; an engine's inputs can trigger {reachable}{}",
+                report.production.len(),
+                if report.production.iter().all(|r| r.as_expected()) {
+                    ", and exactly those were reached"
+                } else {
+                    ", but the bugs reached differ from those (UNEXPECTED above)"
+                }
+            );
+        }
         for u in &unavailable {
             println!("skipped (unavailable): {u}");
         }
@@ -260,6 +312,58 @@ pub fn run(opt: &Options) -> Result<i32, Fatal> {
     } else {
         exit::FINDINGS
     })
+}
+
+/// A production campaign is given this many times the selftest budget: its cases are
+/// engine-sized (workspaces of GiBs), so fewer fit in the same time.
+const PRODUCTION_BUDGET_FACTOR: u32 = 2;
+
+/// Fuzzes planted bug `name` with `--profile production` (one seed, stop at the first
+/// finding, no shrinking: only reachability is asked).
+fn production_run(
+    name: &str,
+    work: &std::path::Path,
+    budget: Duration,
+) -> Result<ProductionRun, Fatal> {
+    let dir = work.join(format!("{}-production", name.replace(':', "_")));
+    let mut cfg = Config::new(vec![name.to_string()], dir.join("report"));
+    cfg.profile = Profile::Production;
+    cfg.budget = Some(budget);
+    cfg.seed = 1;
+    cfg.corpus_dir = dir.join("corpus");
+    cfg.quiet = true;
+    cfg.shrink = false;
+    cfg.stop_after_findings = Some(1);
+    let out = campaign::run(&cfg)?;
+    let plant = name
+        .split_once(":bug-")
+        .and_then(|(_, p)| kernel::cpu::Plant::parse(p));
+    let det = out.detections.first();
+    Ok(ProductionRun {
+        kernel: name.to_string(),
+        engine_trigger: plant
+            .and_then(|p| p.production_trigger())
+            .map(str::to_string),
+        reached: det.is_some(),
+        cases: det.map_or(out.report.counts.cases_generated, |d| d.cases),
+        secs: det.map_or(out.report.timings.wall_secs, |d| d.secs),
+        class: det.map(|d| d.class.name().to_string()),
+    })
+}
+
+fn print_production_line(r: &ProductionRun) {
+    println!(
+        "production {:<28} {:<11} cases {:>5} {:>7} {:<10} engine trigger: {}{}",
+        r.kernel,
+        if r.reached { "REACHED" } else { "not reached" },
+        r.cases,
+        format!("{:.2}s", r.secs),
+        r.class.as_deref().unwrap_or("-"),
+        r.engine_trigger
+            .as_deref()
+            .unwrap_or("none (engines never feed it)"),
+        if r.as_expected() { "" } else { "  UNEXPECTED" }
+    );
 }
 
 fn print_bug_line(r: &BugRun) {

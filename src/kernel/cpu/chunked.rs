@@ -73,6 +73,28 @@ impl Plant {
         Plant::ALL.into_iter().find(|p| p.name() == s)
     }
 
+    /// How a serving engine's own inputs reach this bug (`--profile production` must find
+    /// it), or `None` when only inputs an engine never produces do: tables padded with
+    /// -1 or huge ids (engines pad with 0, the null block, or stale valid ids), negative
+    /// scales (pipeline scales are positive powers of two), and live requests shorter
+    /// than next_n (an MTP request's context holds its own draft tokens).
+    pub fn production_trigger(self) -> Option<&'static str> {
+        match self {
+            Plant::TailUnwritten => Some("context lengths that are not a multiple of 256"),
+            Plant::Offset32Kv => Some("a churned pool of slab-strided blocks: ids past 4 GiB"),
+            Plant::Offset32Out => Some("rows past 512 of a 1M-column workspace (V4)"),
+            Plant::MaskOffByOne => Some("MTP: next_n > 1"),
+            Plant::Ctx2dIgnored => Some("per-token lengths [L-N+1 … L] (NVIDIA)"),
+            Plant::TablePaddingRead => None,
+            Plant::ZeroBatch => Some("the dummy batch of a CUDA-graph capture or an idle DP rank"),
+            Plant::FnuzAsFn => Some("MI300 (gfx942): e4m3fnuz caches"),
+            Plant::ScaleBeforeRelu => None,
+            Plant::SplitBoundaryDrop => Some("sequences longer than a split of the schedule"),
+            Plant::ShortRowSkipped => None,
+            Plant::StorePastEnd => Some("a request at max_model_len"),
+        }
+    }
+
     /// The real-world failure this reproduces.
     pub fn describe(self) -> &'static str {
         match self {
