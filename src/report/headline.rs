@@ -133,13 +133,26 @@ pub fn throughput(r: &Report) -> Vec<String> {
             k.run_wall_secs, k.kernel_secs
         ));
     }
-    vec![
+    // A merged report has no wall time of its own (its shards may have run side by
+    // side or one after another): its rates are per shard, over the summed shard walls.
+    let rate = if t.shard_wall_secs > 0.0 {
+        format!(
+            "throughput: {:.1} cases/s, {:.2e} verified logits/s per shard, over {:.1} s of shard wall summed ({} runs merged)",
+            cases as f64 / t.shard_wall_secs,
+            logits as f64 / t.shard_wall_secs,
+            t.shard_wall_secs,
+            r.merged_runs.len().max(1)
+        )
+    } else {
         format!(
             "throughput: {:.1} cases/s, {:.2e} verified logits/s over {:.1} s wall",
             cases as f64 / wall,
             logits as f64 / wall,
             t.wall_secs
-        ),
+        )
+    };
+    vec![
+        rate,
         format!(
             "time (summed over jobs): generate {:.1} s, reference {:.1} s, judge {:.1} s, shrink {:.1} s; {}",
             t.generate_secs,

@@ -243,6 +243,9 @@ pub struct Timings {
     pub reference_secs: f64,
     pub oracle_secs: f64,
     pub shrink_secs: f64,
+    /// Merged reports only: the shards' wall times summed (`wall_secs` is the longest
+    /// shard's), the time rates per shard are computed over. 0 in a campaign's report.
+    pub shard_wall_secs: f64,
 }
 
 /// A picture of a case: rows × positions, each cell the worst class of the elements
