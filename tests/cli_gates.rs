@@ -475,3 +475,46 @@ fn bad_values_are_exit_2_with_one_line() {
         &["--seeds 0"],
     );
 }
+
+// ---- 8. a crash campaign leads with the crash ---------------------------------------
+
+#[test]
+fn crash_campaign_headline_and_junit_lead_with_the_crash() {
+    let d = tmp();
+    // A worker that aborts on every second request: half the cases crash.
+    let kernel = format!("exec:'{BIN}' worker --kernel cpu:chunked --fault crash-at=2");
+    let out = mqa(
+        d.path(),
+        &[
+            "run",
+            "--kernel",
+            &kernel,
+            "--cases",
+            "4",
+            "--seed",
+            "3",
+            "--no-replay",
+            "--no-shrink",
+            "--report",
+            "r",
+            "--quiet",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
+    let stdout = text(&out.stdout);
+    let headline = stdout.lines().nth(1).unwrap();
+    assert!(
+        headline.starts_with(&format!("{kernel}: CRASHED on ")),
+        "the crash comes first: {}",
+        show(&out)
+    );
+    let summary = std::fs::read_to_string(d.path().join("r/summary.md")).unwrap();
+    assert!(summary.contains(": CRASHED on "), "{summary}");
+    let junit = std::fs::read_to_string(d.path().join("r/junit.xml")).unwrap();
+    assert!(junit.contains("<error"), "{junit}");
+    assert!(
+        !junit.contains("Offender {") && !junit.contains("Some("),
+        "no Rust debug dump in junit.xml: {junit}"
+    );
+    assert!(junit.contains("fault injection: aborting"), "{junit}");
+}

@@ -29,7 +29,26 @@ fn plural(n: u64, one: &str, many: &str) -> String {
 pub fn kernel_headline(name: &str, k: &KernelStats) -> String {
     let g = &k.guard;
     let mut s = format!("{name}: ");
-    if g.cases == 0 {
+    // Crashed cases have no output for the guard verdict: lead with them, or a crash
+    // campaign would read "guard redundant on 4/4 cases" first.
+    let crashed = k
+        .class_totals
+        .get(&crate::oracle::Class::Crash)
+        .copied()
+        .unwrap_or(0);
+    if crashed > 0 {
+        s.push_str(&format!(
+            "CRASHED on {}/{} (no output to judge)",
+            group(crashed),
+            plural(k.cases, "case", "cases")
+        ));
+        if g.cases > 0 || k.skipped > 0 {
+            s.push_str("; on the rest: ");
+        }
+    }
+    if g.cases == 0 && crashed > 0 && k.skipped == 0 {
+        // Every case crashed: the crash is the whole verdict.
+    } else if g.cases == 0 {
         s.push_str(&format!(
             "no case judged ({} skipped",
             plural(k.skipped, "case", "cases")
