@@ -467,9 +467,11 @@ pub struct RunArgs {
     /// Cases run at once (default: what the kernels prefer: 1 on the CPU, one per GPU).
     #[arg(long)]
     pub jobs: Option<usize>,
-    /// Corpus directory: replayed first; new findings are saved here.
-    #[arg(long, default_value = "corpus")]
-    pub corpus: PathBuf,
+    /// Corpus directory: replayed first; new findings are saved here. Default: corpus/,
+    /// except when a kernel is a planted bug (cpu:bug-*, cuda:bug-*): then <report>/corpus,
+    /// so that planted-bug findings stay out of the tracked corpus and the checkout.
+    #[arg(long)]
+    pub corpus: Option<PathBuf>,
     /// Report directory (default: reports/<UTC timestamp>).
     #[arg(long)]
     pub report: Option<PathBuf>,
@@ -637,7 +639,29 @@ fn cmd_run(args: RunArgs) -> Result<i32, Fatal> {
     cfg.max_cases = args.cases;
     cfg.seed = seed;
     cfg.jobs = args.jobs;
-    cfg.corpus_dir = args.corpus.clone();
+    let planted: Vec<&str> = cfg
+        .kernels
+        .iter()
+        .filter(|k| {
+            kernel::registry()
+                .iter()
+                .any(|e| &e.name == *k && e.planted_bug)
+        })
+        .map(String::as_str)
+        .collect();
+    cfg.corpus_dir = match &args.corpus {
+        Some(dir) => dir.clone(),
+        None if !planted.is_empty() => {
+            let dir = cfg.report_dir.join("corpus");
+            eprintln!(
+                "mqa-fuzz: note: {} is a planted bug: its findings go to {} (not corpus/); --corpus chooses another directory",
+                planted.join(", "),
+                dir.display()
+            );
+            dir
+        }
+        None => PathBuf::from("corpus"),
+    };
     cfg.shard = shard;
     cfg.shrink = !args.no_shrink;
     cfg.shrink_budget = args.shrink_budget;

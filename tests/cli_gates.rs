@@ -518,3 +518,62 @@ fn crash_campaign_headline_and_junit_lead_with_the_crash() {
     );
     assert!(junit.contains("fault injection: aborting"), "{junit}");
 }
+
+// ---- 9. smaller things a reader trips over -----------------------------------------
+
+#[test]
+fn planted_bug_campaign_keeps_out_of_corpus_and_its_report_reads_plainly() {
+    let d = tmp();
+    let out = mqa(
+        d.path(),
+        &[
+            "run",
+            "--kernel",
+            "cpu:bug-tail-unwritten",
+            "--cases",
+            "4",
+            "--seed",
+            "1",
+            "--report",
+            "r",
+            "--quiet",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
+    // Without --corpus, a planted bug's findings go into the report, not ./corpus.
+    assert!(!d.path().join("corpus").exists(), "{}", show(&out));
+    assert!(text(&out.stderr).contains("r/corpus"), "{}", show(&out));
+    let r = report(&d.path().join("r"));
+    let file = r["findings"][0]["case_file"].as_str().unwrap();
+    assert!(file.starts_with("r/corpus/"), "{file}");
+    // The time line says what the run's wall is made of, measured.
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("output buffer poisoning") && stdout.contains("kernel's own clock"),
+        "{stdout}"
+    );
+    assert!(r["per_kernel"]["cpu:bug-tail-unwritten"]["output_setup_secs"].is_number());
+    // Times are UTC date-times for people, raw seconds in report.json.
+    assert!(r["started_unix"].as_u64().unwrap() > 1_700_000_000);
+    let summary = std::fs::read_to_string(d.path().join("r/summary.md")).unwrap();
+    assert!(
+        summary.contains("Started 20") && summary.contains(" UTC, finished 20"),
+        "{summary}"
+    );
+    let html = std::fs::read_to_string(d.path().join("r/index.html")).unwrap();
+    assert!(!html.contains("(unix)"), "raw unix seconds in index.html");
+    assert!(
+        html.contains(" UTC / 20"),
+        "started / finished as UTC date-times"
+    );
+    // The finding's case row and its picture name the same numbers, each said.
+    let cols = r["findings"][0]["picture"]["cols"].as_u64().unwrap();
+    let rows = r["findings"][0]["rows"].as_u64().unwrap();
+    let shape = format!("{rows} rows (batch × next_n) × {cols} positions (max_model_len)");
+    assert!(html.contains(&shape), "{shape} not in the case row");
+    assert!(
+        html.contains(&format!("{rows} rows × {cols} positions (max_model_len)")),
+        "picture caption disagrees"
+    );
+    assert!(html.contains("KV tokens (context lengths summed)"));
+}

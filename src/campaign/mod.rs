@@ -134,7 +134,8 @@ struct CaseResult {
     generate_secs: f64,
     reference_secs: f64,
     judge_secs: f64,
-    run_wall_secs: Vec<f64>,
+    /// Per kernel: the run's wall time and the part of it spent on the output buffer.
+    run_wall_secs: Vec<(f64, f64)>,
 }
 
 struct Engine<'a> {
@@ -188,7 +189,7 @@ impl Engine<'_> {
         let mut environment_error = None;
         for kern in &self.kernels {
             let j = harness::run_and_judge(kern.as_ref(), &case, &mut refs, &self.cfg.oracle);
-            run_wall_secs.push(j.wall.as_secs_f64());
+            run_wall_secs.push((j.wall.as_secs_f64(), j.setup.as_secs_f64()));
             judge_secs += j.judge.as_secs_f64();
             environment_error = environment_error.or(j.environment_error);
             verdicts.push(j.verdict);
@@ -277,7 +278,7 @@ fn environment(command_line: &str) -> report::Environment {
 fn add_verdict(
     stats: &mut KernelStats,
     v: &Verdict,
-    run_wall_secs: f64,
+    (run_wall_secs, setup_secs): (f64, f64),
     case: &crate::case::Case,
 ) -> f64 {
     let kernel_secs = v.run.kernel_time.map_or(run_wall_secs, |d| d.as_secs_f64());
@@ -302,6 +303,7 @@ fn add_verdict(
         *stats.class_totals.entry(*c).or_default() += n;
     }
     stats.run_wall_secs += run_wall_secs;
+    stats.output_setup_secs += setup_secs;
     stats.rows_checked += v.metrics.rows_checked;
     stats.logits_checked += v.metrics.checked;
     // A crashed case has no output for the guard to act on: not counted either way.
@@ -453,7 +455,7 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
             add_verdict(
                 report.per_kernel.get_mut(kern.name()).unwrap(),
                 &v,
-                j.wall.as_secs_f64(),
+                (j.wall.as_secs_f64(), j.setup.as_secs_f64()),
                 &file.case,
             );
             if let Some(class) = v.primary_class() {

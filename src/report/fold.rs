@@ -27,6 +27,7 @@ fn add_stats(into: &mut KernelStats, k: &KernelStats) {
     g.neg_inf += h.neg_inf;
     into.kernel_secs += k.kernel_secs;
     into.run_wall_secs += k.run_wall_secs;
+    into.output_setup_secs += k.output_setup_secs;
     for (class, t) in &k.kernel_time_by_shape {
         into.kernel_time_by_shape
             .entry(class.clone())

@@ -147,9 +147,14 @@ pub fn throughput(r: &Report) -> Vec<String> {
     let logits: u64 = r.per_kernel.values().map(|k| k.logits_checked).sum();
     let mut kernels = Vec::new();
     for (name, k) in &r.per_kernel {
+        // The run's wall splits into the harness's output buffer (allocated and poisoned
+        // before the call), the kernel's own clock, and the rest of the call: for an
+        // exec: or cuda: kernel the worker protocol and device transfers, for a CPU
+        // kernel without its own clock nothing (its clock is the call).
+        let rest = (k.run_wall_secs - k.output_setup_secs - k.kernel_secs).max(0.0);
         kernels.push(format!(
-            "{name} runs {:.1} s (kernel's own clock {:.3} s)",
-            k.run_wall_secs, k.kernel_secs
+            "{name} runs {:.1} s: output buffer poisoning {:.1} s, kernel's own clock {:.3} s, rest of the call (worker protocol, transfers) {:.1} s",
+            k.run_wall_secs, k.output_setup_secs, k.kernel_secs, rest
         ));
     }
     // A merged report has no wall time of its own (its shards may have run side by
@@ -289,6 +294,7 @@ mod tests {
                 logits_checked: 1_000_000,
                 kernel_secs: 0.25,
                 run_wall_secs: 40.0,
+                output_setup_secs: 30.0,
                 ..Default::default()
             },
         );
@@ -299,7 +305,7 @@ mod tests {
         );
         assert!(lines[1].contains("reference 7.0 s"), "{lines:?}");
         assert!(
-            lines[1].contains("cuda:tiled runs 40.0 s (kernel's own clock 0.250 s)"),
+            lines[1].contains("cuda:tiled runs 40.0 s: output buffer poisoning 30.0 s, kernel's own clock 0.250 s, rest of the call (worker protocol, transfers) 9.8 s"),
             "{lines:?}"
         );
     }

@@ -107,6 +107,9 @@ pub struct KernelStats {
     pub kernel_secs: f64,
     /// Wall time of the kernel's runs, including worker protocol and device transfers.
     pub run_wall_secs: f64,
+    /// The part of `run_wall_secs` before the kernel was called: the harness's output
+    /// buffer, allocated and poisoned (see `harness::Judged::setup`).
+    pub output_setup_secs: f64,
     /// The kernel's own launch times (CUDA events, an adapter's clock), per shape class
     /// ([`shape_class`]): medians per class, mergeable across shards.
     pub kernel_time_by_shape: BTreeMap<String, LaunchTimes>,
