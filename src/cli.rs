@@ -475,7 +475,7 @@ pub struct RunArgs {
     /// Report directory (default: reports/<UTC timestamp>).
     #[arg(long)]
     pub report: Option<PathBuf>,
-    /// Run shard I of N (seeds are partitioned); default from SLURM_ARRAY_TASK_ID/COUNT or JOB_COMPLETION_INDEX/JOB_COMPLETIONS.
+    /// Run shard I of N (seeds and corpus files are partitioned); default from SLURM_ARRAY_TASK_ID/COUNT or JOB_COMPLETION_INDEX/JOB_COMPLETIONS.
     #[arg(long, value_parser = parse_shard)]
     pub shard: Option<Shard>,
     /// Save findings as generated, without shrinking them.
@@ -579,7 +579,7 @@ fn check_run_args(args: &RunArgs) -> Result<(), Fatal> {
 
 /// A campaign that judged no case (a zero budget, `--cases 0` without a corpus, every
 /// case skipped) must not read as a clean run to CI: exit 2 saying so.
-fn nothing_judged(r: &crate::report::Report) -> Option<String> {
+fn nothing_judged(r: &crate::report::Report, dir: &std::path::Path) -> Option<String> {
     let judged: u64 = r.per_kernel.values().map(|k| k.cases).sum();
     if judged > 0 || !r.findings.is_empty() {
         return None;
@@ -587,8 +587,8 @@ fn nothing_judged(r: &crate::report::Report) -> Option<String> {
     let skipped: u64 = r.per_kernel.values().map(|k| k.skipped).sum();
     Some(if skipped > 0 {
         format!(
-            "nothing was judged: the kernel skipped all {skipped} case(s) it was given (skip reasons in {}/summary.md)",
-            r.run_id
+            "nothing was judged: the kernel skipped all {skipped} case(s) it was given (skip reasons in {})",
+            dir.join("summary.md").display()
         )
     } else if r.interrupted {
         "nothing was judged: interrupted before the first case".into()
@@ -684,7 +684,7 @@ fn cmd_run(args: RunArgs) -> Result<i32, Fatal> {
         cfg.report_dir.display()
     );
     let out = campaign::run(&cfg)?;
-    if let Some(why) = nothing_judged(&out.report) {
+    if let Some(why) = nothing_judged(&out.report, &cfg.report_dir) {
         return Err(Fatal::usage(why));
     }
     print_summary(&out.report, &cfg.report_dir);
