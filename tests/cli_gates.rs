@@ -549,7 +549,8 @@ fn planted_bug_campaign_keeps_out_of_corpus_and_its_report_reads_plainly() {
     // The time line says what the run's wall is made of, measured.
     let stdout = text(&out.stdout);
     assert!(
-        stdout.contains("output buffer poisoning") && stdout.contains("kernel's own clock"),
+        stdout.contains("harness output buffer (allocate + NaN poison) ")
+            && stdout.contains("kernel's own clock"),
         "{stdout}"
     );
     assert!(r["per_kernel"]["cpu:bug-tail-unwritten"]["output_setup_secs"].is_number());

@@ -153,7 +153,7 @@ pub fn throughput(r: &Report) -> Vec<String> {
         // kernel without its own clock nothing (its clock is the call).
         let rest = (k.run_wall_secs - k.output_setup_secs - k.kernel_secs).max(0.0);
         kernels.push(format!(
-            "{name} runs {:.1} s: output buffer poisoning {:.1} s, kernel's own clock {:.3} s, rest of the call (worker protocol, transfers) {:.1} s",
+            "{name} runs {:.1} s: harness output buffer (allocate + NaN poison) {:.1} s, kernel's own clock {:.3} s, rest of the call (worker protocol, transfers) {:.1} s",
             k.run_wall_secs, k.output_setup_secs, k.kernel_secs, rest
         ));
     }
@@ -305,7 +305,7 @@ mod tests {
         );
         assert!(lines[1].contains("reference 7.0 s"), "{lines:?}");
         assert!(
-            lines[1].contains("cuda:tiled runs 40.0 s: output buffer poisoning 30.0 s, kernel's own clock 0.250 s, rest of the call (worker protocol, transfers) 9.8 s"),
+            lines[1].contains("cuda:tiled runs 40.0 s: harness output buffer (allocate + NaN poison) 30.0 s, kernel's own clock 0.250 s, rest of the call (worker protocol, transfers) 9.8 s"),
             "{lines:?}"
         );
     }
