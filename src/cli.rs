@@ -37,7 +37,7 @@ pub enum Command {
         #[arg(long, value_enum, default_value_t = crate::selftest::Backend::Cpu)]
         backend: crate::selftest::Backend,
         /// Budget of each campaign.
-        #[arg(long, value_parser = parse_duration, default_value = "60s")]
+        #[arg(long, value_parser = parse_duration, default_value = "60s", allow_hyphen_values = true)]
         budget: Duration,
         /// Seeds per planted bug.
         #[arg(long, default_value_t = 5)]
@@ -60,9 +60,11 @@ pub enum Command {
         /// Corpus JSON files.
         #[arg(required = true)]
         files: Vec<PathBuf>,
-        /// Kernel to run (default: the kernel recorded in each file when available, else the default kernel).
-        #[arg(long)]
-        kernel: Option<String>,
+        /// Kernel to run (repeatable: with two or more, their outputs are also compared, as a
+        /// campaign does). Default: the kernel(s) recorded in each file (exit 3 when one is
+        /// not available here); files without a recorded kernel (hand-made) use the default kernel.
+        #[arg(long = "kernel", short = 'k')]
+        kernels: Vec<String>,
         /// k of the downstream top-k check.
         #[arg(long, default_value_t = 2048)]
         topk: usize,
@@ -159,6 +161,11 @@ pub fn dispatch(cli: Cli) -> Result<i32, Fatal> {
             only,
             json,
         } => {
+            if seeds == 0 {
+                return Err(Fatal::usage(
+                    "nothing was judged: --seeds 0 runs no campaign (give at least 1 seed per planted bug)",
+                ));
+            }
             crate::campaign::interrupt::install();
             crate::selftest::run(&crate::selftest::Options {
                 backend,
@@ -172,10 +179,10 @@ pub fn dispatch(cli: Cli) -> Result<i32, Fatal> {
         Command::Kernels { json } => cmd_kernels(json),
         Command::Replay {
             files,
-            kernel,
+            kernels,
             topk,
             json,
-        } => cmd_replay(&files, kernel.as_deref(), topk, json),
+        } => cmd_replay(&files, &kernels, topk, json),
         Command::Bench(Bench::Oracle) => kernel::cuda::bench::bench_oracle(),
         Command::GpuSelfcheck {
             cases,
@@ -183,7 +190,7 @@ pub fn dispatch(cli: Cli) -> Result<i32, Fatal> {
         } => kernel::cuda::bench::selfcheck(cases, oracle_cases),
         Command::GpuPrecompile { arch } => {
             let n = kernel::cuda::bench::precompile(&arch).map_err(Fatal::environment)?;
-            println!(
+            crate::outln!(
                 "compiled {n} kernel variants for {arch} into {:?}",
                 kernel::cuda::compile::cache_dir()
             );
@@ -230,7 +237,7 @@ fn cmd_kernels(json: bool) -> Result<i32, Fatal> {
                 })
             })
             .collect();
-        println!("{}", serde_json::to_string_pretty(&v).unwrap());
+        crate::outln!("{}", serde_json::to_string_pretty(&v).unwrap());
         return Ok(exit::CLEAN);
     }
     let width = entries.iter().map(|e| e.name.len()).max().unwrap_or(10);
@@ -239,13 +246,13 @@ fn cmd_kernels(json: bool) -> Result<i32, Fatal> {
             Ok(()) => "available".to_string(),
             Err(why) => format!("unavailable: {why}"),
         };
-        println!(
+        crate::outln!(
             "{:width$}  {:<11}  {}",
             e.name,
             if e.planted_bug { "planted bug" } else { "" },
             status
         );
-        println!("{:width$}  {:<11}  {}", "", "", e.description);
+        crate::outln!("{:width$}  {:<11}  {}", "", "", e.description);
     }
     Ok(exit::CLEAN)
 }
@@ -289,56 +296,148 @@ pub fn verdict_line(v: &Verdict) -> String {
     s
 }
 
+/// The kernels a file replays on without `--kernel`: those recorded in it (both of a
+/// divergence), or the default kernel for a file that records none (hand-made cases).
+fn recorded_kernels(file: &CaseFile) -> Option<Vec<String>> {
+    let p = &file.provenance;
+    if !p.kernels.is_empty() {
+        Some(p.kernels.clone())
+    } else if !p.kernel.is_empty() && p.kernel != "hand-made" {
+        Some(vec![p.kernel.clone()])
+    } else {
+        None
+    }
+}
+
 fn cmd_replay(
     files: &[PathBuf],
-    kernel_name: Option<&str>,
+    kernel_names: &[String],
     topk: usize,
     json: bool,
 ) -> Result<i32, Fatal> {
+    if topk == 0 {
+        return Err(Fatal::usage(
+            "--topk 0: k of the top-k check must be at least 1",
+        ));
+    }
     // Load everything first: bad input is reported before any work is done.
     let cases: Vec<(PathBuf, CaseFile)> = files
         .iter()
         .map(|f| load_case_file(f).map(|c| (f.clone(), c)))
         .collect::<Result<_, _>>()?;
+    // Then open every kernel: a recorded kernel this machine cannot run is exit 3 naming
+    // it, never a silent replay on another kernel (which would read as "fixed").
+    let mut opened: std::collections::BTreeMap<String, Box<dyn kernel::Kernel>> =
+        Default::default();
+    let mut plan: Vec<Vec<String>> = Vec::new();
+    for (path, file) in &cases {
+        let names = if !kernel_names.is_empty() {
+            kernel_names.to_vec()
+        } else {
+            recorded_kernels(file)
+                .unwrap_or_else(|| vec![kernel::default_kernel_name().to_string()])
+        };
+        for name in &names {
+            if opened.contains_key(name) {
+                continue;
+            }
+            let k = match kernel::open(name) {
+                Ok(k) => k,
+                Err(e) if !kernel_names.is_empty() => return Err(e.into()),
+                Err(kernel::OpenError::Unavailable { reason, .. }) => {
+                    return Err(Fatal::environment(format!(
+                        "{}: {name} is not available here: {reason}; pass --kernel to replay on another",
+                        path.display()
+                    )))
+                }
+                Err(e) => {
+                    return Err(Fatal::usage(format!(
+                        "{}: field provenance.kernel: {e}; pass --kernel to replay on another",
+                        path.display()
+                    )))
+                }
+            };
+            opened.insert(name.clone(), k);
+        }
+        plan.push(names);
+    }
     let cfg = OracleConfig {
         topk,
         ..Default::default()
     };
     let mut any_finding = false;
     let mut out = Vec::new();
-    for (path, file) in &cases {
-        let name = match kernel_name {
-            Some(k) => k.to_string(),
-            None if kernel::open(&file.provenance.kernel).is_ok() => file.provenance.kernel.clone(),
-            None => kernel::default_kernel_name().to_string(),
-        };
-        let k = kernel::open(&name)?;
+    for ((path, file), names) in cases.iter().zip(&plan) {
+        let kernels: Vec<&dyn kernel::Kernel> = names.iter().map(|n| opened[n].as_ref()).collect();
         let mut refs = ReferenceCache::new(&file.case);
-        let judged = harness::run_and_judge(k.as_ref(), &file.case, &mut refs, &cfg);
-        let v = judged.verdict;
-        any_finding |= harness::has_findings(&v);
-        if json {
-            out.push(serde_json::json!({
-                "file": path,
-                "kernel": name,
-                "expected_classes": file.expected.classes,
-                "verdict": v,
-            }));
-        } else {
-            println!("{}  {}  {}", path.display(), name, verdict_line(&v));
-            let want: Vec<_> = file.expected.classes.clone();
-            let got = v.finding_classes();
-            if kernel_name.is_none() && want != got {
-                println!(
-                    "  note: the file expected [{}], this replay found [{}]",
-                    want.iter().map(|c| c.name()).collect::<Vec<_>>().join(", "),
-                    got.iter().map(|c| c.name()).collect::<Vec<_>>().join(", ")
+        let mut got = Vec::new();
+        let mut outputs = Vec::new();
+        for (name, k) in names.iter().zip(&kernels) {
+            let judged = harness::run_and_judge(*k, &file.case, &mut refs, &cfg);
+            if let Some(e) = judged.environment_error {
+                return Err(Fatal::environment(format!("{name}: {e}")));
+            }
+            let v = judged.verdict;
+            outputs.push(judged.output);
+            any_finding |= harness::has_findings(&v);
+            for c in v.finding_classes() {
+                if !got.contains(&c) {
+                    got.push(c);
+                }
+            }
+            if json {
+                out.push(serde_json::json!({
+                    "file": path,
+                    "kernel": name,
+                    "expected_classes": file.expected.classes,
+                    "verdict": v,
+                }));
+            } else {
+                crate::outln!("{}  {}  {}", path.display(), name, verdict_line(&v));
+            }
+        }
+        if kernels.len() >= 2 {
+            let divergence = outputs.first().and_then(Option::as_ref).and_then(|a| {
+                kernels.iter().zip(&outputs).skip(1).find_map(|(kb, ob)| {
+                    harness::divergence(&file.case, (kernels[0], a), (*kb, ob.as_ref()?))
+                })
+            });
+            if divergence.is_some() {
+                any_finding = true;
+                got.push(crate::oracle::Class::Divergent);
+            }
+            if json {
+                out.push(serde_json::json!({
+                    "file": path,
+                    "kernels": names,
+                    "divergent": divergence,
+                }));
+            } else {
+                crate::outln!(
+                    "{}  {}  {}",
+                    path.display(),
+                    names.join(" vs "),
+                    match &divergence {
+                        Some(msg) => format!("FINDING divergent: {msg}"),
+                        None => "agree (no element differs by more than both bounds)".into(),
+                    }
                 );
             }
         }
+        let want = &file.expected.classes;
+        got.sort();
+        let mut want_sorted = want.clone();
+        want_sorted.sort();
+        if !json && kernel_names.is_empty() && want_sorted != got {
+            crate::outln!(
+                "  note: the file expected [{}], this replay found [{}]",
+                want.iter().map(|c| c.name()).collect::<Vec<_>>().join(", "),
+                got.iter().map(|c| c.name()).collect::<Vec<_>>().join(", ")
+            );
+        }
     }
     if json {
-        println!("{}", serde_json::to_string_pretty(&out).unwrap());
+        crate::outln!("{}", serde_json::to_string_pretty(&out).unwrap());
     }
     Ok(if any_finding {
         exit::FINDINGS
@@ -357,7 +456,7 @@ pub struct RunArgs {
     #[arg(long, value_enum, default_value_t = Profile::All)]
     pub profile: Profile,
     /// Time budget, e.g. 90s, 10m, 1h (default 60s unless --cases is given).
-    #[arg(long, value_parser = parse_duration)]
+    #[arg(long, value_parser = parse_duration, allow_hyphen_values = true)]
     pub budget: Option<Duration>,
     /// Number of generated cases (stops at whichever of budget and cases comes first).
     #[arg(long)]
@@ -368,13 +467,15 @@ pub struct RunArgs {
     /// Cases run at once (default: what the kernels prefer: 1 on the CPU, one per GPU).
     #[arg(long)]
     pub jobs: Option<usize>,
-    /// Corpus directory: replayed first; new findings are saved here.
-    #[arg(long, default_value = "corpus")]
-    pub corpus: PathBuf,
+    /// Corpus directory: replayed first; new findings are saved here. Default: corpus/,
+    /// except when a kernel is a planted bug (cpu:bug-*, cuda:bug-*): then <report>/corpus,
+    /// so that planted-bug findings stay out of the tracked corpus and the checkout.
+    #[arg(long)]
+    pub corpus: Option<PathBuf>,
     /// Report directory (default: reports/<UTC timestamp>).
     #[arg(long)]
     pub report: Option<PathBuf>,
-    /// Run shard I of N (seeds are partitioned); default from SLURM_ARRAY_TASK_ID/COUNT or JOB_COMPLETION_INDEX/JOB_COMPLETIONS.
+    /// Run shard I of N (seeds and corpus files are partitioned); default from SLURM_ARRAY_TASK_ID/COUNT or JOB_COMPLETION_INDEX/JOB_COMPLETIONS.
     #[arg(long, value_parser = parse_shard)]
     pub shard: Option<Shard>,
     /// Save findings as generated, without shrinking them.
@@ -384,7 +485,7 @@ pub struct RunArgs {
     #[arg(long)]
     pub no_replay: bool,
     /// Longest time spent shrinking one finding.
-    #[arg(long, value_parser = parse_duration, default_value = "30s")]
+    #[arg(long, value_parser = parse_duration, default_value = "30s", allow_hyphen_values = true)]
     pub shrink_budget: Duration,
     /// k of the downstream top-k check (V3.2: 2048, V4-Pro: 1024, V4-Flash: 512).
     #[arg(long, default_value_t = 2048)]
@@ -418,6 +519,11 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         Some(i) => (&s[..i], &s[i..]),
         None => (s, "s"),
     };
+    if s.starts_with('-') {
+        return Err(format!(
+            "{s:?} is negative: a duration is at least 0, like 90s, 10m or 1h"
+        ));
+    }
     let x: f64 = num
         .parse()
         .map_err(|_| format!("{s:?} is not a duration like 90s, 10m or 1h"))?;
@@ -475,7 +581,51 @@ pub fn shard_from_env() -> Result<Option<Shard>, Fatal> {
     crate::report::shard_from_env()
 }
 
+/// Values clap accepts but a campaign cannot use: exit 2 with one line before anything runs.
+fn check_run_args(args: &RunArgs) -> Result<(), Fatal> {
+    if args.jobs == Some(0) {
+        return Err(Fatal::usage(
+            "--jobs 0: at least one case must run at a time",
+        ));
+    }
+    if args.topk == 0 {
+        return Err(Fatal::usage(
+            "--topk 0: k of the top-k check must be at least 1 (0 would turn the check off)",
+        ));
+    }
+    if args.max_findings == Some(0) {
+        return Err(Fatal::usage(
+            "--max-findings 0: a campaign stops after at least 1 distinct finding",
+        ));
+    }
+    Ok(())
+}
+
+/// A campaign that judged no case (a zero budget, `--cases 0` without a corpus, every
+/// case skipped) must not read as a clean run to CI: exit 2 saying so.
+fn nothing_judged(r: &crate::report::Report, dir: &std::path::Path) -> Option<String> {
+    let judged: u64 = r.per_kernel.values().map(|k| k.cases).sum();
+    if judged > 0 || !r.findings.is_empty() {
+        return None;
+    }
+    let skipped: u64 = r.per_kernel.values().map(|k| k.skipped).sum();
+    Some(if skipped > 0 {
+        format!(
+            "nothing was judged: the kernel skipped all {skipped} case(s) it was given (skip reasons in {})",
+            dir.join("summary.md").display()
+        )
+    } else if r.interrupted {
+        "nothing was judged: interrupted before the first case".into()
+    } else {
+        format!(
+            "nothing was judged: {} case(s) generated and {} replayed from the corpus (raise --budget or --cases)",
+            r.counts.cases_generated, r.counts.cases_replayed
+        )
+    })
+}
+
 fn cmd_run(args: RunArgs) -> Result<i32, Fatal> {
+    check_run_args(&args)?;
     let kernels = if args.kernels.is_empty() {
         let k = kernel::default_kernel_name().to_string();
         eprintln!("mqa-fuzz: no --kernel given: fuzzing {k}, the best built-in kernel this machine can run");
@@ -513,7 +663,29 @@ fn cmd_run(args: RunArgs) -> Result<i32, Fatal> {
     cfg.max_cases = args.cases;
     cfg.seed = seed;
     cfg.jobs = args.jobs;
-    cfg.corpus_dir = args.corpus.clone();
+    let planted: Vec<&str> = cfg
+        .kernels
+        .iter()
+        .filter(|k| {
+            kernel::registry()
+                .iter()
+                .any(|e| &e.name == *k && e.planted_bug)
+        })
+        .map(String::as_str)
+        .collect();
+    cfg.corpus_dir = match &args.corpus {
+        Some(dir) => dir.clone(),
+        None if !planted.is_empty() => {
+            let dir = cfg.report_dir.join("corpus");
+            eprintln!(
+                "mqa-fuzz: note: {} is a planted bug: its findings go to {} (not corpus/); --corpus chooses another directory",
+                planted.join(", "),
+                dir.display()
+            );
+            dir
+        }
+        None => PathBuf::from("corpus"),
+    };
     cfg.shard = shard;
     cfg.shrink = !args.no_shrink;
     cfg.shrink_budget = args.shrink_budget;
@@ -537,27 +709,30 @@ fn cmd_run(args: RunArgs) -> Result<i32, Fatal> {
         cfg.report_dir.display()
     );
     let out = campaign::run(&cfg)?;
+    if let Some(why) = nothing_judged(&out.report, &cfg.report_dir) {
+        return Err(Fatal::usage(why));
+    }
     print_summary(&out.report, &cfg.report_dir);
     Ok(out.exit_code)
 }
 
 fn print_summary(r: &crate::report::Report, dir: &std::path::Path) {
-    println!(
+    crate::outln!(
         "{} case(s) generated, {} replayed from the corpus, {:.1}s{}",
         r.counts.cases_generated,
         r.counts.cases_replayed,
         r.timings.wall_secs,
         if r.interrupted { " (interrupted)" } else { "" }
     );
-    println!("{}", crate::report::headline(r));
+    crate::outln!("{}", crate::report::headline(r));
     for l in crate::report::headline::throughput(r) {
-        println!("{l}");
+        crate::outln!("{l}");
     }
     for l in crate::report::headline::launch_lines(r) {
-        println!("{l}");
+        crate::outln!("{l}");
     }
     for f in &r.findings {
-        println!(
+        crate::outln!(
             "FINDING {} [{}] x{}: {}{}",
             f.kernel,
             f.class.map(|c| c.name()).unwrap_or("?"),
@@ -570,5 +745,5 @@ fn print_summary(r: &crate::report::Report, dir: &std::path::Path) {
             }
         );
     }
-    println!("report: {}", dir.display());
+    crate::outln!("report: {}", dir.display());
 }

@@ -70,6 +70,10 @@ pub struct Judged {
     pub verdict: Verdict,
     pub output: Option<OutputBuffer>,
     pub wall: Duration,
+    /// The part of `wall` spent before the kernel was called: the capability check and
+    /// the harness's output buffer (allocated and poisoned with NaN, guard zones and row
+    /// padding included), which for the 2^31-byte output axis is GiBs of stores.
+    pub setup: Duration,
     /// Time the oracle took to judge the output (the reference excluded).
     pub judge: Duration,
     /// Set when the environment broke (driver gone, adapter missing): stop, exit 3.
@@ -94,11 +98,13 @@ pub fn run_and_judge(
             verdict,
             output: None,
             wall: start.elapsed(),
+            setup: start.elapsed(),
             judge: Duration::ZERO,
             environment_error: None,
         };
     }
     let mut out = OutputBuffer::for_case(case);
+    let setup = start.elapsed();
     let result = kernel.run(case, &mut out);
     let wall = start.elapsed();
     let reference = refs.get(caps.scale_placement);
@@ -117,6 +123,7 @@ pub fn run_and_judge(
         verdict,
         output,
         wall,
+        setup,
         judge,
         environment_error,
     }

@@ -243,7 +243,7 @@ pub fn run(opt: &Options) -> Result<i32, Fatal> {
         };
         report.passed &= run.findings == 0;
         if !opt.json {
-            println!(
+            crate::outln!(
                 "clean {:<28} {:>6} cases in {:>5.1}s: {} finding(s) {}",
                 run.kernel,
                 run.cases,
@@ -276,10 +276,10 @@ pub fn run(opt: &Options) -> Result<i32, Fatal> {
         );
     }
     if opt.json {
-        println!("{}", serde_json::to_string_pretty(&report).unwrap());
+        crate::outln!("{}", serde_json::to_string_pretty(&report).unwrap());
     } else {
         for (backend, (d, n)) in &report.mutation_score {
-            println!("mutation score {backend}: {d}/{n} planted bugs detected on every seed");
+            crate::outln!("mutation score {backend}: {d}/{n} planted bugs detected on every seed");
         }
         let reached = report.production.iter().filter(|r| r.reached).count();
         let reachable = report
@@ -299,9 +299,9 @@ pub fn run(opt: &Options) -> Result<i32, Fatal> {
             );
         }
         for u in &unavailable {
-            println!("skipped (unavailable): {u}");
+            crate::outln!("skipped (unavailable): {u}");
         }
-        println!(
+        crate::outln!(
             "selftest {}",
             if report.passed { "PASSED" } else { "FAILED" }
         );
@@ -367,7 +367,7 @@ fn print_production_line(r: &ProductionRun) {
 }
 
 fn print_bug_line(r: &BugRun) {
-    println!(
+    crate::outln!(
         "{:<28} seed {:<2} {:<8} cases {:>5} {:>7} {:<16} rows {:>3} tokens {:>6} blocks {:>3} replay {}",
         r.kernel,
         r.seed,

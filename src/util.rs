@@ -25,6 +25,31 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     result
 }
 
+static STDOUT_CLOSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Writes one line to stdout. A closed stdout (`mqa-fuzz ... | head -1`) ends the output
+/// quietly, as every command-line tool does: later lines are dropped, and the command
+/// goes on to finish its files (a campaign still writes its report and findings) and
+/// its exit code. `println!` would panic there instead.
+pub fn write_stdout(args: std::fmt::Arguments) {
+    use std::sync::atomic::Ordering;
+    if STDOUT_CLOSED.load(Ordering::Relaxed) {
+        return;
+    }
+    let mut out = std::io::stdout().lock();
+    if writeln!(out, "{args}").and_then(|()| out.flush()).is_err() {
+        STDOUT_CLOSED.store(true, Ordering::Relaxed);
+    }
+}
+
+/// `println!` that survives a closed stdout (see [`write_stdout`]).
+#[macro_export]
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        $crate::util::write_stdout(format_args!($($arg)*))
+    };
+}
+
 /// Seconds since the Unix epoch.
 pub fn unix_now() -> u64 {
     std::time::SystemTime::now()

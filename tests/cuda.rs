@@ -9,6 +9,30 @@ use mqa_fuzz::kernel::cuda;
 use mqa_fuzz::oracle::{Class, OracleConfig};
 use std::process::Command;
 
+mod skip;
+use skip::{trial, Ran};
+
+fn main() {
+    skip::main(vec![
+        trial(
+            "kernels_lists_every_cuda_kernel_with_its_availability",
+            kernels_lists_every_cuda_kernel_with_its_availability,
+        ),
+        trial(
+            "asking_for_a_cuda_kernel_without_a_gpu_is_an_environment_error",
+            asking_for_a_cuda_kernel_without_a_gpu_is_an_environment_error,
+        ),
+        trial(
+            "naive_and_tiled_are_clean_and_a_planted_bug_is_caught_on_the_gpu",
+            naive_and_tiled_are_clean_and_a_planted_bug_is_caught_on_the_gpu,
+        ),
+        trial(
+            "gpu_selection_is_parsed_and_checked",
+            gpu_selection_is_parsed_and_checked,
+        ),
+    ])
+}
+
 /// The mqa-fuzz binary (MQA_FUZZ_WORKER_EXE when the tests run on another machine).
 fn bin() -> Command {
     match std::env::var_os("MQA_FUZZ_WORKER_EXE") {
@@ -17,14 +41,8 @@ fn bin() -> Command {
     }
 }
 
-fn gpu() -> Option<usize> {
-    match cuda::device::availability() {
-        Ok(n) => Some(n),
-        Err(why) => {
-            eprintln!("SKIP (no usable GPU: {why})");
-            None
-        }
-    }
+fn gpu() -> Result<usize, String> {
+    cuda::device::availability().map_err(|why| format!("no usable GPU: {why}"))
 }
 
 fn recipe(lens: Vec<usize>, next_n: usize) -> Recipe {
@@ -34,8 +52,7 @@ fn recipe(lens: Vec<usize>, next_n: usize) -> Recipe {
     }
 }
 
-#[test]
-fn kernels_lists_every_cuda_kernel_with_its_availability() {
+fn kernels_lists_every_cuda_kernel_with_its_availability() -> Ran {
     let out = bin().args(["kernels", "--json"]).output().unwrap();
     assert!(out.status.success());
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -63,7 +80,7 @@ fn kernels_lists_every_cuda_kernel_with_its_availability() {
             .any(|e| e["name"].as_str().unwrap().starts_with("cuda-direct:")),
         "cuda-direct kernels are not listed"
     );
-    if gpu().is_none() {
+    if gpu().is_err() {
         for e in &cuda {
             assert_eq!(e["available"], false);
             assert!(
@@ -72,13 +89,12 @@ fn kernels_lists_every_cuda_kernel_with_its_availability() {
             );
         }
     }
+    Ok(())
 }
 
-#[test]
-fn asking_for_a_cuda_kernel_without_a_gpu_is_an_environment_error() {
+fn asking_for_a_cuda_kernel_without_a_gpu_is_an_environment_error() -> Ran {
     if cuda::device::availability().is_ok() {
-        eprintln!("SKIP (this machine has a GPU: the no-GPU path cannot be seen here)");
-        return;
+        return Err("this machine has a GPU: the no-GPU path cannot be seen here".into());
     }
     let dir = tempfile::tempdir().unwrap();
     let case = recipe(vec![40], 1).materialize();
@@ -109,13 +125,11 @@ fn asking_for_a_cuda_kernel_without_a_gpu_is_an_environment_error() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
+    Ok(())
 }
 
-#[test]
-fn naive_and_tiled_are_clean_and_a_planted_bug_is_caught_on_the_gpu() {
-    if gpu().is_none() {
-        return;
-    }
+fn naive_and_tiled_are_clean_and_a_planted_bug_is_caught_on_the_gpu() -> Ran {
+    gpu()?;
     // cuda: workers are `mqa-fuzz worker` processes; this test binary is not mqa-fuzz.
     if std::env::var_os("MQA_FUZZ_WORKER_EXE").is_none() {
         std::env::set_var("MQA_FUZZ_WORKER_EXE", env!("CARGO_BIN_EXE_mqa-fuzz"));
@@ -134,13 +148,14 @@ fn naive_and_tiled_are_clean_and_a_planted_bug_is_caught_on_the_gpu() {
     let mut refs = ReferenceCache::new(&case);
     let v = harness::run_and_judge(k.as_ref(), &case, &mut refs, &cfg).verdict;
     assert!(v.classes.contains_key(&Class::Unwritten), "{v:?}");
+    Ok(())
 }
 
-#[test]
-fn gpu_selection_is_parsed_and_checked() {
+fn gpu_selection_is_parsed_and_checked() -> Ran {
     assert_eq!(cuda::parse_gpus("all", 2).unwrap(), vec![0, 1]);
     assert!(cuda::parse_gpus("0,5", 2).is_err());
-    if gpu().is_none() {
+    if gpu().is_err() {
         assert!(cuda::select_gpus("all").is_err());
     }
+    Ok(())
 }

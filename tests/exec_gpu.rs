@@ -14,6 +14,19 @@ use mqa_fuzz::kernel;
 use mqa_fuzz::oracle::OracleConfig;
 use std::time::Instant;
 
+mod skip;
+use skip::{trial, Ran};
+
+fn main() {
+    skip::main(vec![
+        trial("write_cases_for_replay", write_cases_for_replay),
+        trial(
+            "gpu_adapters_on_hand_built_cases",
+            gpu_adapters_on_hand_built_cases,
+        ),
+    ])
+}
+
 fn base(lens: Vec<usize>, next_n: usize, seed: u64) -> Recipe {
     Recipe {
         heads: 64,
@@ -115,11 +128,9 @@ fn cases(big: bool) -> Vec<(&'static str, Case)> {
 }
 
 /// Writes the small hand-built cases as corpus files (for `mqa-fuzz replay` there).
-#[test]
-fn write_cases_for_replay() {
+fn write_cases_for_replay() -> Ran {
     let Ok(dir) = std::env::var("MQA_FUZZ_WRITE_CASES") else {
-        eprintln!("SKIPPED: set MQA_FUZZ_WRITE_CASES=DIR to write the GPU cases as corpus files");
-        return;
+        return Err("set MQA_FUZZ_WRITE_CASES=DIR to write the GPU cases as corpus files".into());
     };
     for (k, (what, case)) in cases(false).into_iter().take(3).enumerate() {
         let provenance = mqa_fuzz::case::Provenance {
@@ -138,13 +149,12 @@ fn write_cases_for_replay() {
         )
         .unwrap();
     }
+    Ok(())
 }
 
-#[test]
-fn gpu_adapters_on_hand_built_cases() {
+fn gpu_adapters_on_hand_built_cases() -> Ran {
     if std::env::var("MQA_FUZZ_GPU").is_err() {
-        eprintln!("SKIPPED: set MQA_FUZZ_GPU=1 on a GPU machine (scripts/gpu/deepgemm.sh)");
-        return;
+        return Err("set MQA_FUZZ_GPU=1 on a GPU machine (scripts/gpu/deepgemm.sh)".into());
     }
     let kernels = std::env::var("MQA_FUZZ_GPU_KERNELS").unwrap_or_else(|_| "deepgemm,torch".into());
     let cfg = OracleConfig {
@@ -221,4 +231,5 @@ fn gpu_adapters_on_hand_built_cases() {
             ktime / n as f64 * 1e6
         );
     }
+    Ok(())
 }

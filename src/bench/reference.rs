@@ -182,7 +182,7 @@ pub fn run_reference_bench(opts: &ReferenceBenchOptions) -> Result<i32, Fatal> {
     }
     let say = |s: String| {
         if !opts.json {
-            println!("{s}");
+            crate::outln!("{s}");
         }
     };
     let pools = [(1, pool(1)?), (threads, pool(threads)?)];
@@ -370,7 +370,7 @@ pub fn run_reference_bench(opts: &ReferenceBenchOptions) -> Result<i32, Fatal> {
             cases: reports,
             backends_case_a: backends,
         };
-        println!("{}", serde_json::to_string_pretty(&r).unwrap());
+        crate::outln!("{}", serde_json::to_string_pretty(&r).unwrap());
     }
     Ok(crate::error::exit::CLEAN)
 }

@@ -143,12 +143,14 @@ struct CaseResult {
     case: Case,
     verdicts: Vec<Verdict>,
     adjustments: Vec<String>,
-    divergence: Option<(String, String)>,
+    /// The first kernel that disagrees with the first one (its index), and where.
+    divergence: Option<(usize, String)>,
     environment_error: Option<String>,
     generate_secs: f64,
     reference_secs: f64,
     judge_secs: f64,
-    run_wall_secs: Vec<f64>,
+    /// Per kernel: the run's wall time and the part of it spent on the output buffer.
+    run_wall_secs: Vec<(f64, f64)>,
 }
 
 struct Engine<'a> {
@@ -222,30 +224,13 @@ impl Engine<'_> {
         let mut environment_error = None;
         for kern in &self.kernels {
             let j = harness::run_and_judge(kern.as_ref(), &case, &mut refs, &self.cfg.oracle);
-            run_wall_secs.push(j.wall.as_secs_f64());
+            run_wall_secs.push((j.wall.as_secs_f64(), j.setup.as_secs_f64()));
             judge_secs += j.judge.as_secs_f64();
             environment_error = environment_error.or(j.environment_error);
             verdicts.push(j.verdict);
             outputs.push(j.output);
         }
-        let mut divergence = None;
-        if self.kernels.len() >= 2 {
-            if let Some(a) = &outputs[0] {
-                for (kb, ob) in self.kernels.iter().zip(&outputs).skip(1) {
-                    if let Some(b) = ob {
-                        if let Some(msg) = harness::divergence(
-                            &case,
-                            (self.kernels[0].as_ref(), a),
-                            (kb.as_ref(), b),
-                        ) {
-                            divergence =
-                                Some((format!("{} vs {}", self.kernels[0].name(), kb.name()), msg));
-                            break;
-                        }
-                    }
-                }
-            }
-        }
+        let divergence = first_divergence(&self.kernels, &case, &outputs);
         let reference_secs = refs.time.as_secs_f64();
         drop(refs);
         CaseResult {
@@ -263,6 +248,46 @@ impl Engine<'_> {
             run_wall_secs,
         }
     }
+}
+
+/// The first kernel (index into `kernels`) whose output disagrees with the first
+/// kernel's beyond both error bounds, and where (see [`harness::divergence`]). Kernels
+/// without an output (skipped, crashed) are not compared.
+pub fn first_divergence(
+    kernels: &[Box<dyn Kernel>],
+    case: &Case,
+    outputs: &[Option<kernel::OutputBuffer>],
+) -> Option<(usize, String)> {
+    let a = outputs.first()?.as_ref()?;
+    kernels
+        .iter()
+        .zip(outputs)
+        .enumerate()
+        .skip(1)
+        .find_map(|(i, (kb, ob))| {
+            let b = ob.as_ref()?;
+            harness::divergence(case, (kernels[0].as_ref(), a), (kb.as_ref(), b)).map(|m| (i, m))
+        })
+}
+
+/// The verdict of a divergence: one case-level `divergent` finding saying where.
+pub fn divergent_verdict(msg: &str) -> Verdict {
+    let mut v = Verdict::default();
+    v.add_case_finding(Class::Divergent, msg.to_string());
+    v
+}
+
+/// Runs `a` and `b` on `case`; where they disagree, if they do.
+fn diverges(cfg: &OracleConfig, a: &dyn Kernel, b: &dyn Kernel, case: &Case) -> Option<String> {
+    let mut refs = ReferenceCache::new(case);
+    let oa = harness::run_and_judge(a, case, &mut refs, cfg).output?;
+    let ob = harness::run_and_judge(b, case, &mut refs, cfg).output?;
+    harness::divergence(case, (a, &oa), (b, &ob))
+}
+
+/// The name a divergent finding is filed under: `A vs B`.
+pub fn pair_name(a: &str, b: &str) -> String {
+    format!("{a} vs {b}")
 }
 
 fn tool_version() -> String {
@@ -288,7 +313,7 @@ fn environment(command_line: &str) -> report::Environment {
 fn add_verdict(
     stats: &mut KernelStats,
     v: &Verdict,
-    run_wall_secs: f64,
+    (run_wall_secs, setup_secs): (f64, f64),
     case: &crate::case::Case,
 ) -> f64 {
     let kernel_secs = v.run.kernel_time.map_or(run_wall_secs, |d| d.as_secs_f64());
@@ -313,6 +338,7 @@ fn add_verdict(
         *stats.class_totals.entry(*c).or_default() += n;
     }
     stats.run_wall_secs += run_wall_secs;
+    stats.output_setup_secs += setup_secs;
     stats.rows_checked += v.metrics.rows_checked;
     stats.logits_checked += v.metrics.checked;
     // A crashed case has no output for the guard to act on: not counted either way.
@@ -342,12 +368,15 @@ fn quote(s: &str) -> String {
     }
 }
 
-pub fn replay_command(file: &Path, kernel: &str) -> String {
-    format!(
-        "mqa-fuzz replay {} --kernel {}",
-        quote(&file.display().to_string()),
-        quote(kernel)
-    )
+/// `mqa-fuzz replay FILE --kernel A [--kernel B]`: one kernel for a finding of that
+/// kernel, both for a divergence (replay compares them again).
+pub fn replay_command(file: &Path, kernels: &[&str]) -> String {
+    let mut s = format!("mqa-fuzz replay {}", quote(&file.display().to_string()));
+    for k in kernels {
+        s.push_str(" --kernel ");
+        s.push_str(&quote(k));
+    }
+    s
 }
 
 /// `1/256 of` or `the full size of` (for the campaign's first lines).
@@ -376,6 +405,9 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
             None => kernel::open(k),
         })
         .collect::<Result<_, _>>()?;
+    if cfg.save_corpus {
+        check_corpus_dir(&cfg.corpus_dir)?;
+    }
     let corpus = if cfg.replay_corpus {
         corpus::load_all(&cfg.corpus_dir)?
     } else {
@@ -465,25 +497,37 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
     let mut any_finding = false;
     let mut env_error: Option<String> = None;
 
-    // 1. Replay the corpus.
-    for (path, file) in &corpus {
+    // 1. Replay the corpus. Shards split it as they split the seeds (file j replays on
+    // shard j mod N), so a merge of every shard has replayed each file exactly once.
+    let (shard_index, shard_count) = cfg
+        .shard
+        .map(|s| (s.index as usize, s.count as usize))
+        .unwrap_or((0, 1));
+    for (path, file) in corpus
+        .iter()
+        .enumerate()
+        .filter(|(j, _)| j % shard_count == shard_index)
+        .map(|(_, c)| c)
+    {
         if interrupt::requested() {
             break;
         }
         report.counts.cases_replayed += 1;
         let mut refs = ReferenceCache::new(&file.case);
+        let mut outputs = Vec::new();
         for kern in &engine.kernels {
             let j = harness::run_and_judge(kern.as_ref(), &file.case, &mut refs, &cfg.oracle);
             if let Some(e) = j.environment_error {
                 env_error = Some(e);
                 break;
             }
+            outputs.push(j.output);
             let v = j.verdict;
             timings.oracle_secs += j.judge.as_secs_f64();
             add_verdict(
                 report.per_kernel.get_mut(kern.name()).unwrap(),
                 &v,
-                j.wall.as_secs_f64(),
+                (j.wall.as_secs_f64(), j.setup.as_secs_f64()),
                 &file.case,
             );
             if let Some(class) = v.primary_class() {
@@ -502,7 +546,7 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
                     class: Some(class),
                     classes: v.classes.clone(),
                     case_file: Some(path.display().to_string()),
-                    replay_command: replay_command(path, kern.name()),
+                    replay_command: replay_command(path, &[kern.name()]),
                     seed: file.provenance.seed,
                     shrunk: file.provenance.shrunk,
                     rows: file.case.rows(),
@@ -516,6 +560,42 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
                 };
                 by_signature.insert(sig, findings.len());
                 findings.push(f);
+            }
+        }
+        if env_error.is_none() {
+            if let Some((bi, msg)) = first_divergence(&engine.kernels, &file.case, &outputs) {
+                any_finding = true;
+                let (a, b) = (engine.kernels[0].name(), engine.kernels[bi].name());
+                let pair = pair_name(a, b);
+                let sig = corpus::signature(&pair, Class::Divergent, &file.case);
+                progress.println(&format!(
+                    "corpus {}: {pair} divergent: {msg}",
+                    path.display()
+                ));
+                if let Some(&fi) = by_signature.get(&sig) {
+                    findings[fi].occurrences += 1;
+                } else {
+                    let v = divergent_verdict(&msg);
+                    by_signature.insert(sig.clone(), findings.len());
+                    findings.push(Finding {
+                        signature: sig,
+                        kernel: pair,
+                        profile: "corpus".into(),
+                        class: Some(Class::Divergent),
+                        classes: v.classes.clone(),
+                        case_file: Some(path.display().to_string()),
+                        replay_command: replay_command(path, &[a, b]),
+                        seed: file.provenance.seed,
+                        shrunk: file.provenance.shrunk,
+                        rows: file.case.rows(),
+                        tokens: (0..file.case.shape.batch)
+                            .map(|b| file.case.seq_tokens(b) as u64)
+                            .sum(),
+                        occurrences: 1,
+                        verdict: v,
+                        ..Default::default()
+                    });
+                }
             }
         }
         timings.reference_secs += refs.time.as_secs_f64();
@@ -533,10 +613,7 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
                 .unwrap_or(1)
         })
         .max(1);
-    let (shard_index, shard_count) = cfg
-        .shard
-        .map(|s| (s.index as u64, s.count as u64))
-        .unwrap_or((0, 1));
+    let (shard_index, shard_count) = (shard_index as u64, shard_count as u64);
     let next_k = AtomicU64::new(0);
     let stop = std::sync::atomic::AtomicBool::new(false);
     let started_cases = AtomicU64::new(0);
@@ -692,11 +769,21 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
                         by_signature.insert(raw_sig, fi);
                         continue;
                     }
-                    let case_file =
-                        save_finding(cfg, kern.name(), class, &sig, &r, &shrunk, &mut progress);
+                    let case_file = save_finding(
+                        cfg,
+                        &SaveRequest {
+                            kernels: &[kern.name()],
+                            class,
+                            sig: &sig,
+                            seed: r.seed,
+                            k: r.k,
+                            shrunk: &shrunk,
+                        },
+                        &mut progress,
+                    );
                     let replay = case_file
                         .as_ref()
-                        .map(|p| replay_command(p, kern.name()))
+                        .map(|p| replay_command(p, &[kern.name()]))
                         .unwrap_or_default();
                     progress.println(&format!(
                         "  {} {}: {} row(s), {} token(s){}{}",
@@ -739,30 +826,99 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
                     by_signature.insert(raw_sig, findings.len());
                     findings.push(f);
                 }
-                if let Some((pair, msg)) = &r.divergence {
+                if let Some((bi, msg)) = &r.divergence {
                     any_finding = true;
-                    let sig = format!("{pair}|divergent|{}", corpus::fingerprint(&r.case));
+                    let (ka, kb) = (engine.kernels[0].as_ref(), engine.kernels[*bi].as_ref());
+                    let pair = pair_name(ka.name(), kb.name());
+                    let sig = corpus::signature(&pair, Class::Divergent, &r.case);
                     if let Some(&fi) = by_signature.get(&sig) {
                         findings[fi].occurrences += 1;
                     } else {
-                        progress
-                            .println(&format!("finding: {pair} divergent on case {}: {msg}", r.k));
-                        let mut v = Verdict::default();
-                        v.add_case_finding(Class::Divergent, msg.clone());
+                        progress.println(&format!(
+                            "finding: {pair} divergent on case {} (seed {:#x}): {msg}; shrinking...",
+                            r.k, r.seed
+                        ));
+                        detections.push(Detection {
+                            signature: sig.clone(),
+                            class: Class::Divergent,
+                            cases: generated,
+                            secs: started.elapsed().as_secs_f64(),
+                        });
+                        let t_shrink = Instant::now();
+                        let verdict = divergent_verdict(msg);
+                        let shrunk = if cfg.shrink {
+                            let shrink_budget = deadline.map_or(cfg.shrink_budget, |d| {
+                                d.saturating_duration_since(Instant::now())
+                                    .max(Duration::from_secs(1))
+                                    .min(cfg.shrink_budget)
+                            });
+                            shrink::shrink_with(
+                                &engine,
+                                &|cand: &Case| {
+                                    diverges(&engine.cfg.oracle, ka, kb, cand)
+                                        .map(|m| divergent_verdict(&m))
+                                },
+                                (r.k, r.seed),
+                                &r.case,
+                                &verdict,
+                                shrink_budget,
+                            )
+                        } else {
+                            shrink::Shrunk {
+                                recipe: r.recipe.clone(),
+                                case: r.case.clone(),
+                                verdict,
+                                steps: 0,
+                                shrunk: false,
+                            }
+                        };
+                        timings.shrink_secs += t_shrink.elapsed().as_secs_f64();
+                        let case_file = save_finding(
+                            cfg,
+                            &SaveRequest {
+                                kernels: &[ka.name(), kb.name()],
+                                class: Class::Divergent,
+                                sig: &sig,
+                                seed: r.seed,
+                                k: r.k,
+                                shrunk: &shrunk,
+                            },
+                            &mut progress,
+                        );
+                        let replay = case_file
+                            .as_ref()
+                            .map(|p| replay_command(p, &[ka.name(), kb.name()]))
+                            .unwrap_or_default();
+                        progress.println(&format!(
+                            "  {pair}: {} row(s){}{}",
+                            shrunk.case.rows(),
+                            case_file
+                                .as_ref()
+                                .map(|p| format!("\n  saved {}", p.display()))
+                                .unwrap_or_default(),
+                            if replay.is_empty() {
+                                String::new()
+                            } else {
+                                format!("\n  replay: {replay}")
+                            }
+                        ));
                         by_signature.insert(sig.clone(), findings.len());
                         findings.push(Finding {
                             signature: sig,
-                            kernel: pair.clone(),
+                            kernel: pair,
                             profile: cfg.profile.name().to_string(),
                             class: Some(Class::Divergent),
-                            classes: v.classes.clone(),
+                            classes: shrunk.verdict.classes.clone(),
+                            case_file: case_file.map(|p| p.display().to_string()),
+                            replay_command: replay,
                             seed: Some(r.seed),
-                            rows: r.case.rows(),
-                            tokens: (0..r.case.shape.batch)
-                                .map(|b| r.case.seq_tokens(b) as u64)
+                            shrunk: shrunk.shrunk,
+                            rows: shrunk.case.rows(),
+                            tokens: (0..shrunk.case.shape.batch)
+                                .map(|b| shrunk.case.seq_tokens(b) as u64)
                                 .sum(),
                             occurrences: 1,
-                            verdict: v,
+                            verdict: shrunk.verdict,
                             ..Default::default()
                         });
                     }
@@ -823,39 +979,86 @@ fn check_writable(dir: &Path) -> Result<(), Fatal> {
         })
 }
 
+/// Fails before the campaign starts when the corpus directory cannot take the findings
+/// (`--corpus` names a file, a path under a file, a read-only directory): a finding
+/// that cannot be saved is a finding that cannot be reproduced.
+fn check_corpus_dir(dir: &Path) -> Result<(), Fatal> {
+    if dir.exists() && !dir.is_dir() {
+        return Err(Fatal::usage(format!(
+            "{}: corpus directory is not a directory (--corpus must name a directory)",
+            dir.display()
+        )));
+    }
+    std::fs::create_dir_all(dir).map_err(|e| {
+        Fatal::usage(format!(
+            "{}: cannot create corpus directory: {e}",
+            dir.display()
+        ))
+    })?;
+    let probe = dir.join(".mqa-fuzz-write-probe");
+    crate::util::write_atomic(&probe, b"probe\n")
+        .and_then(|()| std::fs::remove_file(&probe))
+        .map_err(|e| {
+            Fatal::usage(format!(
+                "{}: corpus directory is not writable: {e}",
+                dir.display()
+            ))
+        })
+}
+
+/// Where a finding goes when the corpus directory refuses it mid-campaign: inside the
+/// report directory (checked writable before the campaign), so the case is never lost.
+pub const FALLBACK_DIR: &str = "findings";
+
 /// The recipe without its bulky parts, for `cases.jsonl`.
 fn short_recipe(r: &Recipe) -> serde_json::Value {
     serde_json::to_value(r).unwrap_or_default()
 }
 
+/// What a saved finding records besides the case itself.
+struct SaveRequest<'a> {
+    /// The kernel of the finding, or the two kernels of a divergence.
+    kernels: &'a [&'a str],
+    class: Class,
+    sig: &'a str,
+    seed: u64,
+    k: u64,
+    shrunk: &'a shrink::Shrunk,
+}
+
+/// Saves a finding into the corpus; when that fails, says why and saves it into the
+/// report directory instead ([`FALLBACK_DIR`]). `None` only when both fail (said too).
 fn save_finding(
     cfg: &Config,
-    kernel: &str,
-    class: Class,
-    sig: &str,
-    r: &CaseResult,
-    s: &shrink::Shrunk,
+    req: &SaveRequest,
     progress: &mut progress::Progress,
 ) -> Option<PathBuf> {
     if !cfg.save_corpus {
         return None;
     }
-    let path = corpus::path_for(&cfg.corpus_dir, kernel, class, sig);
-    if path.exists() {
+    let name = req.kernels.join(" vs ");
+    let path = corpus::path_for(&cfg.corpus_dir, &name, req.class, req.sig);
+    if path.is_file() {
         return Some(path);
     }
+    let s = req.shrunk;
     let file = CaseFile {
         provenance: Provenance {
             tool_version: tool_version(),
-            kernel: kernel.to_string(),
+            kernel: req.kernels.first().copied().unwrap_or_default().to_string(),
+            kernels: if req.kernels.len() > 1 {
+                req.kernels.iter().map(|k| k.to_string()).collect()
+            } else {
+                Vec::new()
+            },
             profile: Some(cfg.profile.name().to_string()),
-            seed: Some(r.seed),
+            seed: Some(req.seed),
             shrunk: s.shrunk,
-            signature: Some(sig.to_string()),
+            signature: Some(req.sig.to_string()),
             created_unix: Some(crate::util::unix_now()),
             note: Some(format!(
                 "found by campaign seed {} at case {}; {} shrink steps",
-                cfg.seed, r.k, s.steps
+                cfg.seed, req.k, s.steps
             )),
             recipe: serde_json::to_value(&s.recipe).ok(),
         },
@@ -864,12 +1067,28 @@ fn save_finding(
         },
         case: s.case.clone(),
     };
-    match corpus::save(&path, &file) {
-        Ok(()) => Some(path),
-        Err(e) => {
-            progress.println(&format!(
-                "mqa-fuzz: warning: cannot save {}: {e}",
-                path.display()
+    let e = match corpus::save(&path, &file) {
+        Ok(()) => return Some(path),
+        Err(e) => e,
+    };
+    let fallback = cfg
+        .report_dir
+        .join(FALLBACK_DIR)
+        .join(path.file_name().unwrap_or_default());
+    match corpus::save(&fallback, &file) {
+        Ok(()) => {
+            progress.warn(&format!(
+                "mqa-fuzz: warning: cannot save the finding to {}: {e}; saved it to {} instead",
+                path.display(),
+                fallback.display()
+            ));
+            Some(fallback)
+        }
+        Err(e2) => {
+            progress.warn(&format!(
+                "mqa-fuzz: warning: cannot save the finding to {}: {e}, nor to {}: {e2}; only its verdict is in the report",
+                path.display(),
+                fallback.display()
             ));
             None
         }

@@ -65,6 +65,15 @@ impl Progress {
         }
     }
 
+    /// Prints a warning even when quiet: something the user must know (a finding that
+    /// could not be saved where asked).
+    pub fn warn(&self, line: &str) {
+        match &self.bar {
+            Some(b) => b.println(line),
+            None => eprintln!("{line}"),
+        }
+    }
+
     pub fn finish(&self) {
         if let Some(b) = &self.bar {
             b.finish_and_clear();

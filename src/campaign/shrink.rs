@@ -28,6 +28,30 @@ pub(super) fn shrink(
     engine: &Engine,
     kern: &dyn Kernel,
     class: Class,
+    origin: (u64, u64),
+    case: &Case,
+    verdict: &Verdict,
+    budget: Duration,
+) -> Shrunk {
+    shrink_with(
+        engine,
+        &|cand: &Case| {
+            let mut refs = ReferenceCache::new(cand);
+            let j = harness::run_and_judge(kern, cand, &mut refs, &engine.cfg.oracle);
+            j.verdict.classes.contains_key(&class).then_some(j.verdict)
+        },
+        origin,
+        case,
+        verdict,
+        budget,
+    )
+}
+
+/// [`shrink`] with any failure test: `fails` returns the candidate's verdict when it
+/// still shows the failure (a divergence between two kernels is shrunk this way).
+pub(super) fn shrink_with(
+    engine: &Engine,
+    fails: &dyn Fn(&Case) -> Option<Verdict>,
     (k, seed): (u64, u64),
     case: &Case,
     verdict: &Verdict,
@@ -54,19 +78,21 @@ pub(super) fn shrink(
         steps += 1;
         let (recipe, cand, _) = engine.materialize(&tree.current());
         let fails = cand.validate().is_ok() && {
-            let mut refs = ReferenceCache::new(&cand);
-            let j = harness::run_and_judge(kern, &cand, &mut refs, &engine.cfg.oracle);
-            let still = j.verdict.classes.contains_key(&class);
-            if still && size(&cand) <= size(&best.case) {
-                best = Shrunk {
-                    recipe,
-                    case: cand,
-                    verdict: j.verdict,
-                    steps,
-                    shrunk: true,
-                };
+            match fails(&cand) {
+                Some(verdict) => {
+                    if size(&cand) <= size(&best.case) {
+                        best = Shrunk {
+                            recipe,
+                            case: cand,
+                            verdict,
+                            steps,
+                            shrunk: true,
+                        };
+                    }
+                    true
+                }
+                None => false,
             }
-            still
         };
         let more = if fails {
             tree.simplify()

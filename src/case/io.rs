@@ -31,6 +31,10 @@ pub struct Provenance {
     /// Kernel that failed (or `hand-made`).
     #[serde(default)]
     pub kernel: String,
+    /// For a `divergent` finding: the kernels that disagreed, first `kernel` (replay
+    /// runs them all and compares them again). Empty otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kernels: Vec<String>,
     #[serde(default)]
     pub profile: Option<String>,
     /// Seed of the generated case before shrinking.

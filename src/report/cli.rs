@@ -19,8 +19,8 @@ pub fn cmd_report(dir: &Path) -> Result<i32, Fatal> {
         dir.to_path_buf()
     };
     write(&out, &report)?;
-    println!("{}", headline(&report));
-    println!("wrote {}", out.display());
+    crate::outln!("{}", headline(&report));
+    crate::outln!("wrote {}", out.display());
     Ok(if report.findings.is_empty() {
         exit::CLEAN
     } else {
@@ -34,6 +34,13 @@ pub fn cmd_merge(dirs: &[PathBuf], out: &Path) -> Result<i32, Fatal> {
         .iter()
         .map(|d| load(d))
         .collect::<Result<Vec<_>, _>>()?;
+    if let Some((a, b, what)) = super::fold::repeated_shard(&reports) {
+        return Err(Fatal::usage(format!(
+            "{} and {} are both {what}: merging it twice would count its cases twice",
+            dirs[a].display(),
+            dirs[b].display()
+        )));
+    }
     let merged = merge(&reports);
     if report_path(out) == report_path(&dirs[0]) && dirs.len() > 1 {
         eprintln!("mqa-fuzz: note: --out is the first input; it is overwritten with the merge");
@@ -50,8 +57,8 @@ pub fn cmd_merge(dirs: &[PathBuf], out: &Path) -> Result<i32, Fatal> {
                 .join(" ")
         );
     }
-    println!("{}", headline(&merged));
-    println!(
+    crate::outln!("{}", headline(&merged));
+    crate::outln!(
         "merged {} report(s), {} distinct finding(s) into {}",
         reports.len(),
         merged.findings.len(),
@@ -75,12 +82,12 @@ pub fn cmd_diff(base: &Path, cand: &Path, json: bool) -> Result<i32, Fatal> {
             "fixed": d.fixed.iter().map(|f| &f.signature).collect::<Vec<_>>(),
             "unchanged": d.unchanged.iter().map(|f| &f.signature).collect::<Vec<_>>(),
         });
-        println!(
+        crate::outln!(
             "{}",
             serde_json::to_string_pretty(&summary).unwrap_or_default()
         );
     } else {
-        print!("{}", diff_text(&d));
+        crate::outln!("{}", diff_text(&d).trim_end_matches('\n'));
     }
     Ok(if d.new.is_empty() {
         exit::CLEAN

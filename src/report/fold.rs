@@ -27,6 +27,7 @@ fn add_stats(into: &mut KernelStats, k: &KernelStats) {
     g.neg_inf += h.neg_inf;
     into.kernel_secs += k.kernel_secs;
     into.run_wall_secs += k.run_wall_secs;
+    into.output_setup_secs += k.output_setup_secs;
     for (class, t) in &k.kernel_time_by_shape {
         into.kernel_time_by_shape
             .entry(class.clone())
@@ -126,6 +127,11 @@ pub fn merge(reports: &[Report]) -> Report {
         add_map(&mut m.coverage.combos, &r.coverage.combos);
         let (t, u) = (&mut m.timings, &r.timings);
         t.wall_secs = t.wall_secs.max(u.wall_secs);
+        t.shard_wall_secs += if u.shard_wall_secs > 0.0 {
+            u.shard_wall_secs
+        } else {
+            u.wall_secs
+        };
         t.generate_secs += u.generate_secs;
         t.kernel_secs += u.kernel_secs;
         t.reference_secs += u.reference_secs;
@@ -161,6 +167,51 @@ pub fn merge(reports: &[Report]) -> Report {
     };
     m.merged_runs = runs;
     m
+}
+
+/// What makes two inputs of a merge the same shard: the campaign (seed, kernels,
+/// profile) and the shard index for a shard report; the run itself for a report that
+/// is not sharded. Merging one twice would count its cases twice.
+fn shard_identities(r: &Report) -> Vec<String> {
+    let kernels: Vec<&str> = r.kernels.iter().map(|k| k.name.as_str()).collect();
+    let campaign = format!(
+        "shard {{}} of the campaign with seed {:#x} ({}, profile {})",
+        r.seed,
+        kernels.join(", "),
+        r.profile
+    );
+    if !r.merged_shards.is_empty() {
+        r.merged_shards
+            .iter()
+            .map(|s| campaign.replace("{}", &s.to_string()))
+            .collect()
+    } else if let Some(s) = r.shard {
+        vec![campaign.replace("{}", &s.to_string())]
+    } else {
+        let runs = if r.merged_runs.is_empty() {
+            vec![r.run_id.clone()]
+        } else {
+            r.merged_runs.clone()
+        };
+        runs.into_iter()
+            .map(|run| format!("run {run} (started {})", r.started_unix))
+            .collect()
+    }
+}
+
+/// The first shard (or run) that two inputs share, as `(first input, second input,
+/// what they share)`; `None` when every input adds something new.
+pub fn repeated_shard(reports: &[Report]) -> Option<(usize, usize, String)> {
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for (i, r) in reports.iter().enumerate() {
+        for id in shard_identities(r) {
+            if let Some(&j) = seen.get(&id) {
+                return Some((j, i, id));
+            }
+            seen.insert(id, i);
+        }
+    }
+    None
 }
 
 /// Shards of the campaign not folded into a merged report (empty when complete, or when

@@ -39,7 +39,26 @@ pub fn kernel_headline(name: &str, k: &KernelStats) -> String {
         ("cases", String::new())
     };
     let mut s = format!("{name}: ");
-    if g.cases == 0 {
+    // Crashed cases have no output for the guard verdict: lead with them, or a crash
+    // campaign would read "guard redundant on 4/4 cases" first.
+    let crashed = k
+        .class_totals
+        .get(&crate::oracle::Class::Crash)
+        .copied()
+        .unwrap_or(0);
+    if crashed > 0 {
+        s.push_str(&format!(
+            "CRASHED on {}/{} (no output to judge)",
+            group(crashed),
+            plural(k.cases, "case", "cases")
+        ));
+        if g.cases > 0 || k.skipped > 0 {
+            s.push_str("; on the rest: ");
+        }
+    }
+    if g.cases == 0 && crashed > 0 && k.skipped == 0 {
+        // Every case crashed: the crash is the whole verdict.
+    } else if g.cases == 0 {
         s.push_str(&format!(
             "no case judged ({} skipped",
             plural(k.skipped, "case", "cases")
@@ -196,18 +215,36 @@ pub fn throughput(r: &Report) -> Vec<String> {
     let logits: u64 = r.per_kernel.values().map(|k| k.logits_checked).sum();
     let mut kernels = Vec::new();
     for (name, k) in &r.per_kernel {
+        // The run's wall splits into the harness's output buffer (allocated and poisoned
+        // before the call), the kernel's own clock, and the rest of the call: for an
+        // exec: or cuda: kernel the worker protocol and device transfers, for a CPU
+        // kernel without its own clock nothing (its clock is the call).
+        let rest = (k.run_wall_secs - k.output_setup_secs - k.kernel_secs).max(0.0);
         kernels.push(format!(
-            "{name} runs {:.1} s (kernel's own clock {:.3} s)",
-            k.run_wall_secs, k.kernel_secs
+            "{name} runs {:.1} s: harness output buffer (allocate + NaN poison) {:.1} s, kernel's own clock {:.3} s, rest of the call (worker protocol, transfers) {:.1} s",
+            k.run_wall_secs, k.output_setup_secs, k.kernel_secs, rest
         ));
     }
-    vec![
+    // A merged report has no wall time of its own (its shards may have run side by
+    // side or one after another): its rates are per shard, over the summed shard walls.
+    let rate = if t.shard_wall_secs > 0.0 {
+        format!(
+            "throughput: {:.1} cases/s, {:.2e} verified logits/s per shard, over {:.1} s of shard wall summed ({} runs merged)",
+            cases as f64 / t.shard_wall_secs,
+            logits as f64 / t.shard_wall_secs,
+            t.shard_wall_secs,
+            r.merged_runs.len().max(1)
+        )
+    } else {
         format!(
             "throughput: {:.1} cases/s, {:.2e} verified logits/s over {:.1} s wall",
             cases as f64 / wall,
             logits as f64 / wall,
             t.wall_secs
-        ),
+        )
+    };
+    vec![
+        rate,
         format!(
             "time (summed over jobs): generate {:.1} s, reference {:.1} s, judge {:.1} s, shrink {:.1} s; {}",
             t.generate_secs,
@@ -325,6 +362,7 @@ mod tests {
                 logits_checked: 1_000_000,
                 kernel_secs: 0.25,
                 run_wall_secs: 40.0,
+                output_setup_secs: 30.0,
                 ..Default::default()
             },
         );
@@ -335,7 +373,7 @@ mod tests {
         );
         assert!(lines[1].contains("reference 7.0 s"), "{lines:?}");
         assert!(
-            lines[1].contains("cuda:tiled runs 40.0 s (kernel's own clock 0.250 s)"),
+            lines[1].contains("cuda:tiled runs 40.0 s: harness output buffer (allocate + NaN poison) 30.0 s, kernel's own clock 0.250 s, rest of the call (worker protocol, transfers) 9.8 s"),
             "{lines:?}"
         );
     }

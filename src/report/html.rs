@@ -110,9 +110,15 @@ fn finding_html(s: &mut String, i: usize, f: &Finding) {
         ("verdict", crate::cli::verdict_line(&f.verdict)),
         (
             "case",
+            // The same numbers as the picture's caption, each named: rows of the
+            // output, positions per row, and the KV tokens the case reads.
             format!(
-                "{} rows, {} tokens, {}shrunk",
+                "{} rows (batch × next_n){}; {} KV tokens (context lengths summed); {}shrunk",
                 f.rows,
+                f.picture
+                    .as_ref()
+                    .map(|p| format!(" × {} positions (max_model_len)", p.cols))
+                    .unwrap_or_default(),
                 f.tokens,
                 if f.shrunk { "" } else { "not " }
             ),
@@ -208,7 +214,7 @@ fn run_html(s: &mut String, r: &Report) {
         ("shards", shards),
         ("budget", format!("{} s, max cases {}", r.budget_secs.map(|b| format!("{b}")).unwrap_or_else(|| "—".into()), r.max_cases.map(|c| c.to_string()).unwrap_or_else(|| "—".into()))),
         ("cases", format!("{} generated, {} replayed, {} skipped", r.counts.cases_generated, r.counts.cases_replayed, r.counts.cases_skipped)),
-        ("started / finished (unix)", format!("{} / {}", r.started_unix, r.finished_unix)),
+        ("started / finished", format!("{} / {}", super::markdown::utc_time(r.started_unix), super::markdown::utc_time(r.finished_unix))),
         ("host", format!("{} ({}, {} CPUs; GPUs: {})", r.environment.hostname, r.environment.os, r.environment.cpus, if r.environment.gpus.is_empty() { "none".into() } else { r.environment.gpus.join(", ") })),
         ("command", r.environment.command_line.clone()),
         (

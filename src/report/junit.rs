@@ -80,7 +80,7 @@ pub fn junit_xml(report: &Report) -> String {
                     crate::cli::verdict_line(&f.verdict)
                 );
                 for ex in &f.verdict.examples {
-                    text.push_str(&format!("  {ex:?}\n"));
+                    text.push_str(&format!("  {}\n", example_line(ex)));
                 }
                 if let Some(file) = &f.case_file {
                     text.push_str(&format!("case file: {file}\n"));
@@ -100,6 +100,35 @@ pub fn junit_xml(report: &Report) -> String {
     junit
         .to_string()
         .unwrap_or_else(|e| format!("<!-- junit serialization failed: {e} -->"))
+}
+
+/// One offending element as a reader wants it: `crash: <message>`, `mismatch at row 3
+/// position 17: expected 1.5e0, got 1.7 (bound 1.2e-3)`.
+fn example_line(e: &crate::oracle::Offender) -> String {
+    let mut s = e.class.to_string();
+    if let (Some(r), Some(t)) = (e.row, e.pos) {
+        s.push_str(&format!(" at row {r} position {t}"));
+    } else if let Some(r) = e.row {
+        s.push_str(&format!(" in row {r}"));
+    }
+    let mut parts = Vec::new();
+    if let Some(x) = e.expected {
+        parts.push(format!("expected {x:e}"));
+    }
+    if let Some(g) = &e.got {
+        parts.push(format!("got {g}"));
+    }
+    if let Some(b) = e.bound {
+        parts.push(format!("bound {b:.3e}"));
+    }
+    if let Some(d) = &e.detail {
+        parts.push(d.clone());
+    }
+    if !parts.is_empty() {
+        s.push_str(": ");
+        s.push_str(&parts.join(", "));
+    }
+    s
 }
 
 fn clean_case(kernel: &str, stats: &KernelStats, classname: &str, profile: &str) -> TestCase {

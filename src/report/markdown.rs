@@ -18,6 +18,29 @@ pub fn ratio(x: f64) -> String {
     }
 }
 
+/// `2026-11-30 00:53:20 UTC` (report.json keeps the raw Unix seconds); `—` for 0.
+pub fn utc_time(secs: u64) -> String {
+    if secs == 0 {
+        return "—".into();
+    }
+    let s = crate::util::utc_stamp(secs); // YYYYMMDD-HHMMSS (more year digits far out)
+    match s.split_once('-') {
+        Some((d, t)) if d.len() >= 8 && t.len() == 6 => {
+            let y = d.len() - 4;
+            format!(
+                "{}-{}-{} {}:{}:{} UTC",
+                &d[..y],
+                &d[y..y + 2],
+                &d[y + 2..],
+                &t[0..2],
+                &t[2..4],
+                &t[4..6]
+            )
+        }
+        _ => format!("{secs} (unix)"),
+    }
+}
+
 pub fn summary_md(r: &Report) -> String {
     let mut s = String::new();
     let verdict = if r.findings.is_empty() {
@@ -59,6 +82,12 @@ pub fn summary_md(r: &Report) -> String {
         group(r.counts.cases_skipped),
         r.timings.wall_secs,
         if r.interrupted { ", INTERRUPTED" } else { "" }
+    );
+    let _ = writeln!(
+        s,
+        "Started {}, finished {}.\n",
+        utc_time(r.started_unix),
+        utc_time(r.finished_unix)
     );
     let _ = writeln!(s, "| kernel | cases | clean | with findings | skipped | guard redundant | rows | logits | max err/bound |");
     let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|");

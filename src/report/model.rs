@@ -107,6 +107,9 @@ pub struct KernelStats {
     pub kernel_secs: f64,
     /// Wall time of the kernel's runs, including worker protocol and device transfers.
     pub run_wall_secs: f64,
+    /// The part of `run_wall_secs` before the kernel was called: the harness's output
+    /// buffer, allocated and poisoned (see `harness::Judged::setup`).
+    pub output_setup_secs: f64,
     /// The kernel's own launch times (CUDA events, an adapter's clock), per shape class
     /// ([`shape_class`]): medians per class, mergeable across shards.
     pub kernel_time_by_shape: BTreeMap<String, LaunchTimes>,
@@ -336,6 +339,9 @@ pub struct Timings {
     pub reference_secs: f64,
     pub oracle_secs: f64,
     pub shrink_secs: f64,
+    /// Merged reports only: the shards' wall times summed (`wall_secs` is the longest
+    /// shard's), the time rates per shard are computed over. 0 in a campaign's report.
+    pub shard_wall_secs: f64,
 }
 
 /// A picture of a case: rows × positions, each cell the worst class of the elements

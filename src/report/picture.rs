@@ -271,10 +271,17 @@ pub fn fill_pictures(
                 continue;
             }
         };
-        let Ok(kernel) = crate::kernel::open(&f.kernel) else {
+        // A divergence (`A vs B`) is pictured on the kernel that disagreed with the first.
+        let name = file
+            .provenance
+            .kernels
+            .last()
+            .filter(|_| f.class == Some(crate::oracle::Class::Divergent))
+            .unwrap_or(&f.kernel);
+        let Ok(kernel) = crate::kernel::open(name) else {
             notes.push(format!(
-                "no picture for {}: kernel {} cannot be opened here",
-                f.signature, f.kernel
+                "no picture for {}: kernel {name} cannot be opened here",
+                f.signature
             ));
             continue;
         };

@@ -111,9 +111,15 @@ pub fn class_map_svg(map: &ClassMap, title: &str) -> String {
         String::new()
     };
     let zoom = if map.whole_case {
-        "whole case".to_string()
+        format!(
+            "whole case: {} rows × {} positions (max_model_len)",
+            map.rows, map.cols
+        )
     } else {
-        format!("zoomed to the findings of a {}×{} case", map.rows, map.cols)
+        format!(
+            "zoomed to the findings of a case of {} rows × {} positions (max_model_len)",
+            map.rows, map.cols
+        )
     };
     let _ = write!(
         s,

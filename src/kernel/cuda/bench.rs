@@ -232,7 +232,7 @@ impl Small for Recipe {
 }
 
 fn line(s: String) {
-    println!("{s}");
+    crate::outln!("{s}");
 }
 
 /// Device-to-device copy bandwidth (bytes read + written per second) over `bytes`.
