@@ -651,7 +651,10 @@ fn engine_recipe(
         format: d.format,
         lens: causal_lens(d, base),
         model_len_slack: mml - longest,
-        out_stride_pad: mml.next_multiple_of(256) - mml,
+        out_stride_pad: match e.platform {
+            engine::Platform::Nvidia => mml.next_multiple_of(256) - mml,
+            engine::Platform::Gfx942 | engine::Platform::Gfx950 => 0,
+        },
         big_output: false,
         table_order: d.table_order,
         padding: d.padding,
