@@ -316,7 +316,7 @@ pub fn run(opt: &Options) -> Result<i32, Fatal> {
 
 /// A production campaign is given this many times the selftest budget: its cases are
 /// engine-sized (workspaces of GiBs), so fewer fit in the same time.
-const PRODUCTION_BUDGET_FACTOR: u32 = 2;
+const PRODUCTION_BUDGET_FACTOR: u32 = 3;
 
 /// Fuzzes planted bug `name` with `--profile production` (one seed, stop at the first
 /// finding, no shrinking: only reachability is asked).

@@ -16,7 +16,7 @@ if [ "${1:-}" = "--stage" ]; then
     t=$(ls -t "$root"/target/release/deps/exec_gpu-* | grep -v '\.d$' | head -1)
     strip -o "$dest/exec_gpu" "$t"
     rm -rf "$dest/external" && cp -r "$root/kernels/external" "$dest/external"
-    cp "$0" "$dest/deepgemm.sh"
+    cp "$0" "$(dirname "$0")/build-deepgemm.sh" "$dest/"
     if [ ! -d "$dest/dg/x/usr/include/elfutils" ]; then
         cp "${DG_SDIST:-$root/../shared/vendor/deepinfer_gemm-2.8.2.tar.gz}" "$dest/dg/" &&
         (cd "$dest/dg" && apt-get download libdw-dev libelf-dev && for f in *.deb; do dpkg -x "$f" x; done)
@@ -29,16 +29,7 @@ log="${OUT:-/tmp}"
 date -u +"date: %Y-%m-%dT%H:%M:%SZ"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name())'
-export CUDA_HOME=/usr/local/cuda
-if ! PYTHONPATH=/tmp/dgsite python3 -c 'import deep_gemm' 2>/dev/null; then
-    rm -rf /tmp/dgsrc && mkdir -p /tmp/dgsrc && tar xzf "$here"/dg/deepinfer_gemm-*.tar.gz -C /tmp/dgsrc
-    t0=$(date +%s)
-    (cd /tmp/dgsrc/* && CPATH="$here/dg/x/usr/include" DG_FORCE_BUILD=1 \
-        python3 -m pip install --no-build-isolation --no-deps --no-index --target /tmp/dgsite . >"$log/dg-build.log" 2>&1) ||
-        { tail -30 "$log/dg-build.log"; exit 3; }
-    echo "DeepGEMM build: $(( $(date +%s) - t0 )) s"
-fi
-export PYTHONPATH=/tmp/dgsite LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libstdc++.so.6
+DG_DIR="$here/dg" . "$here/build-deepgemm.sh"
 export MQA_FUZZ_ADAPTERS="$here/external" MQA_FUZZ_EXEC_TIMEOUT=300 MQA_FUZZ_EXEC_HANDSHAKE_TIMEOUT=300
 export MQA_FUZZ_GPU=1 MQA_FUZZ_GPU_KERNELS="${KERNELS:-deepgemm,torch}" PYTHONUNBUFFERED=1
 "$here/mqa-fuzz" kernels | grep -A1 '^deepgemm\|^torch'

@@ -155,6 +155,17 @@ pub fn summary_md(r: &Report) -> String {
             );
         }
     }
+    if !r.coverage.axes.is_empty() {
+        let _ = writeln!(
+            s,
+            "\n## Coverage\n\nCases per value of each axis (0: never reached).\n"
+        );
+        let _ = writeln!(s, "| axis | values (cases) |\n|---|---|");
+        for (axis, values) in &r.coverage.axes {
+            let v: Vec<String> = values.iter().map(|(k, n)| format!("{k} {n}")).collect();
+            let _ = writeln!(s, "| {axis} | {} |", v.join(", "));
+        }
+    }
     let _ = writeln!(
         s,
         "\nDetails and pictures: `index.html`; machine-readable: `report.json`, `junit.xml`."

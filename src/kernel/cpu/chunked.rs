@@ -91,7 +91,9 @@ impl Plant {
             Plant::ScaleBeforeRelu => None,
             Plant::SplitBoundaryDrop => Some("sequences longer than a split of the schedule"),
             Plant::ShortRowSkipped => None,
-            Plant::StorePastEnd => Some("a request at a max_model_len that is not a multiple of 256"),
+            Plant::StorePastEnd => {
+                Some("a request at a max_model_len that is not a multiple of 256")
+            }
         }
     }
 
