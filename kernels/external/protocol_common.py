@@ -325,6 +325,12 @@ def serve(hello, run, fault_spec=None, out=None):
         except MemoryError as e:
             send(out, {"type": "error", "id": rid, "kind": "skipped", "message": f"out of host memory: {e}"})
         except Exception as e:  # noqa: BLE001 - any library failure is this case's crash
+            if type(e).__name__ == "OutOfMemoryError":
+                # A device allocation that failed (torch.cuda.OutOfMemoryError) is the
+                # machine's limit, not a finding.
+                send(out, {"type": "error", "id": rid, "kind": "skipped",
+                           "message": f"out of device memory: {str(e)[:300]}"})
+                continue
             traceback.print_exc(file=sys.stderr)
             send(out, {"type": "error", "id": rid, "kind": "crash", "message": f"{type(e).__name__}: {e}"})
             if any(m in str(e) for m in DEVICE_FAULTS):

@@ -74,9 +74,15 @@ def checksum(*ts):
         b = t.reshape(-1).view(torch.uint8) if t.is_contiguous() else t.contiguous().reshape(-1).view(torch.uint8)
         n = b.numel() - b.numel() % 4
         words = b[:n].view(torch.int32)
-        pos = torch.arange(words.numel(), device=t.device, dtype=torch.int32) % 65521 + 1
-        out.append(int((words.to(torch.int64) * pos).sum()) if words.numel() < (1 << 26)
-                   else int(words.sum(dtype=torch.int64)) ^ int(words[::997].to(torch.int64).sum()))
+        if words.numel() < (1 << 26):
+            pos = torch.arange(words.numel(), device=t.device, dtype=torch.int32) % 65521 + 1
+            out.append(int((words.to(torch.int64) * pos).sum()))
+        else:
+            # Engine-sized caches (tens of GiB): sum in slices, so that the int64
+            # temporaries stay at 2 GiB instead of twice the cache.
+            step = 1 << 28
+            total = sum(int(words[i:i + step].sum(dtype=torch.int64)) for i in range(0, words.numel(), step))
+            out.append(total ^ int(words[::997].to(torch.int64).sum()))
         out.append(int(b[n:].to(torch.int64).sum()))
     return out
 
