@@ -409,3 +409,53 @@ fn vllm_adapter_against_fake_vllm_and_aiter() {
     );
     assert!(judge_once(k.as_ref(), &aiter_case(ValueLayout::Normal, 16)).is_clean());
 }
+
+/// A library that runs out of device memory (torch's `OutOfMemoryError`) on a case has
+/// met the machine's limit, not a bug: the case is skipped with the library's message,
+/// and any other exception stays a crash.
+#[test]
+fn an_adapter_out_of_device_memory_is_a_skip_not_a_crash() {
+    require_python!("numpy");
+    let dir = std::env::temp_dir().join(format!("mqa-fuzz-oom-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = dir.join("oom_adapter.py");
+    std::fs::write(
+        &script,
+        format!(
+            r#"import sys
+sys.path.insert(0, {ext:?})
+import protocol_common as pc
+class OutOfMemoryError(RuntimeError):
+    pass
+out = pc.protocol_stdout()
+hello = {{"name": "oom", "library": "fake", "version": "0", "device": "fake GPU", "capabilities": pc.capabilities()}}
+def run(case):
+    if case.max_model_len > 100:
+        raise OutOfMemoryError("CUDA out of memory. Tried to allocate 52.92 GiB")
+    raise ValueError("a real failure")
+pc.serve(hello, run, None, out)
+"#,
+            ext = concat!(env!("CARGO_MANIFEST_DIR"), "/kernels/external"),
+        ),
+    )
+    .unwrap();
+    let k = ExecKernel::start(
+        "exec:oom",
+        ExecConfig::new(format!("python3 {}", script.display())),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let big = recipe(vec![300, 17], 2).materialize();
+    let v = judge_once(&k, &big);
+    assert!(
+        v.skipped
+            .as_deref()
+            .is_some_and(|w| w.contains("out of device memory")),
+        "{v:?}"
+    );
+    assert!(!v.classes.contains_key(&Class::Crash));
+    let small = recipe(vec![20], 1).materialize();
+    assert!(small.max_model_len <= 100);
+    let v = judge_once(&k, &small);
+    assert!(v.classes.contains_key(&Class::Crash), "{v:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
