@@ -54,10 +54,7 @@ fn deepgemm_caps() -> Capabilities {
 }
 
 fn top_offset(c: &Case) -> u64 {
-    c.kv.blocks
-        .keys()
-        .max()
-        .map_or(0, |&id| id * c.kv_block_stride)
+    c.max_kv_offset()
 }
 
 fn engine(d: &Draw) -> &EngineDraw {

@@ -17,10 +17,7 @@ if [ "${1:-}" = "--stage" ]; then
     strip -o "$dest/exec_gpu" "$t"
     rm -rf "$dest/external" && cp -r "$root/kernels/external" "$dest/external"
     cp "$0" "$(dirname "$0")/build-deepgemm.sh" "$dest/"
-    if [ ! -d "$dest/dg/x/usr/include/elfutils" ]; then
-        cp "${DG_SDIST:-$root/../shared/vendor/deepinfer_gemm-2.8.2.tar.gz}" "$dest/dg/" &&
-        (cd "$dest/dg" && apt-get download libdw-dev libelf-dev && for f in *.deb; do dpkg -x "$f" x; done)
-    fi
+    "$root/scripts/gpu/build-deepgemm.sh" --stage "$dest" || exit 1
     du -sh "$dest"
     exit 0
 fi

@@ -11,13 +11,7 @@ use std::path::{Path, PathBuf};
 /// Shape, format and layout are left out on purpose: shrinking drives them to their
 /// simplest values, and one bug must give one corpus file, not one per layout.
 pub fn fingerprint(case: &Case) -> String {
-    let max_off = case
-        .kv
-        .blocks
-        .keys()
-        .max()
-        .map(|&id| id * case.kv_block_stride)
-        .unwrap_or(0);
+    let max_off = case.max_kv_offset();
     let offsets = if max_off >= 1 << 32 {
         "kv>4g"
     } else if max_off >= 1 << 31 {

@@ -37,14 +37,7 @@ fn offset_name(o: OffsetClass) -> &'static str {
 
 /// The band of the largest referenced KV byte offset (exclusive bands).
 fn kv_band(case: &Case) -> &'static str {
-    let max_off = case
-        .kv
-        .blocks
-        .keys()
-        .max()
-        .map(|&id| id * case.kv_block_stride)
-        .unwrap_or(0);
-    match max_off {
+    match case.max_kv_offset() {
         x if x >= 1 << 32 => "past_4g",
         x if x >= 1 << 31 => "2g_to_4g",
         _ => "below_2g",
@@ -317,13 +310,7 @@ pub fn record(cov: &mut Coverage, recipe: &Recipe, case: &Case) {
     }
     hit("rows", if case.rows() > 512 { ">512" } else { "<=512" });
     hit("workspace", workspace_bin(case.output_bytes()));
-    let max_off = case
-        .kv
-        .blocks
-        .keys()
-        .max()
-        .map(|&id| id * case.kv_block_stride)
-        .unwrap_or(0);
+    let max_off = case.max_kv_offset();
     if max_off >= 1 << 31 {
         hit("kv_offsets", "past_2g");
     }

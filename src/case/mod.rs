@@ -168,6 +168,16 @@ impl Case {
         self.num_blocks.saturating_mul(self.kv_block_stride)
     }
 
+    /// Byte offset of the highest stored block (`id * kv_block_stride`; 0 without one):
+    /// where 32-bit address arithmetic breaks.
+    pub fn max_kv_offset(&self) -> u64 {
+        self.kv
+            .blocks
+            .keys()
+            .max()
+            .map_or(0, |&id| id.saturating_mul(self.kv_block_stride))
+    }
+
     /// Bytes of the full output buffer (`rows * out_row_stride * 4`).
     pub fn output_bytes(&self) -> u64 {
         (self.rows() as u64)

@@ -39,7 +39,7 @@
 //! in between.
 
 use super::recipe::{Padding, PoolRecipe, TableOrder, ValueKind};
-use super::strategy::{Draw, LensDraw};
+use super::strategy::{weighted, Draw, LensDraw};
 use crate::case::ValueLayout;
 use crate::fp8::Fp8Format;
 use proptest::prelude::*;
@@ -231,15 +231,6 @@ pub fn context_from_quantile(q: u16, median: u32, next_n: usize, max: usize) -> 
     let u = (q as f64 + 0.5) / 65_536.0;
     let x = median as f64 * (u / (1.0 - u)).powf(1.0 / 1.4);
     (x.round() as usize).clamp(next_n, max.max(next_n))
-}
-
-fn weighted<T: Clone + std::fmt::Debug + Send + Sync + 'static>(
-    v: Vec<(u32, T)>,
-) -> SBoxedStrategy<T> {
-    proptest::strategy::Union::new_weighted(
-        v.into_iter().map(|(w, x)| (w, Just(x).sboxed())).collect(),
-    )
-    .sboxed()
 }
 
 /// What happens to the batch besides its live requests.

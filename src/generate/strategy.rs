@@ -142,7 +142,8 @@ fn lens_draw(max: u16, max_batch: usize, production: bool) -> impl Strategy<Valu
     }
 }
 
-fn weighted<T: Clone + std::fmt::Debug + Send + Sync + 'static>(
+/// One of the values, with the given weights (shrinks toward the first).
+pub(crate) fn weighted<T: Clone + std::fmt::Debug + Send + Sync + 'static>(
     v: Vec<(u32, T)>,
 ) -> SBoxedStrategy<T> {
     proptest::strategy::Union::new_weighted(

@@ -184,8 +184,7 @@ impl Population {
         self.cases += 1;
         Span::add(&mut self.pool_blocks, pool.blocks);
         Span::add(&mut self.kv_stride, case.kv_block_stride);
-        let top = case.kv.blocks.keys().max().copied().unwrap_or(0);
-        Span::add(&mut self.kv_offset, top * case.kv_block_stride);
+        Span::add(&mut self.kv_offset, case.max_kv_offset());
         let requests = case.shape.batch / (pool.rows_per_request.max(1) as usize);
         Span::add(&mut self.batch, requests as u64);
         Span::add(&mut self.rows, case.rows() as u64);
