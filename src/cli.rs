@@ -642,11 +642,7 @@ fn cmd_run(args: RunArgs) -> Result<i32, Fatal> {
     let planted: Vec<&str> = cfg
         .kernels
         .iter()
-        .filter(|k| {
-            kernel::registry()
-                .iter()
-                .any(|e| &e.name == *k && e.planted_bug)
-        })
+        .filter(|k| kernel::is_planted_bug(k))
         .map(String::as_str)
         .collect();
     cfg.corpus_dir = match &args.corpus {
