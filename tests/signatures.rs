@@ -157,3 +157,33 @@ fn diff_gates_on_a_second_bug_of_a_known_class() {
         "{out}"
     );
 }
+
+#[test]
+fn selftest_double_bug_rows_find_each_bug_by_its_own_trigger() {
+    let d = tmp("selftest");
+    let (code, out) = run(
+        &d,
+        &[
+            "selftest",
+            "--backend",
+            "cpu",
+            "--only",
+            "offset32-kv+scale-before-relu",
+            "--seeds",
+            "1",
+            "--budget",
+            "90s",
+            "--json",
+        ],
+    );
+    assert_eq!(code, 0, "{out}");
+    let r: Value = serde_json::from_str(&out).unwrap();
+    let rows = r["bugs"].as_array().unwrap();
+    let bugs: Vec<&str> = rows.iter().map(|b| b["bug"].as_str().unwrap()).collect();
+    assert_eq!(bugs, ["offset32-kv", "scale-before-relu"]);
+    assert!(rows.iter().all(|b| b["detected"] == true), "{out}");
+    assert_ne!(
+        rows[0]["case_file"], rows[1]["case_file"],
+        "two findings, two files"
+    );
+}
