@@ -217,9 +217,12 @@ pub fn registry() -> Vec<KernelEntry> {
 /// (`cpu:bug-A+B`, which the registry does not list).
 pub fn is_planted_bug(name: &str) -> bool {
     registry().iter().any(|e| e.name == name && e.planted_bug)
-        || name
-            .strip_prefix("cpu:bug-")
-            .is_some_and(|b| cpu::Plant::parse_set(b).is_some())
+        || ["cpu:bug-", "cuda:bug-", "cuda-direct:bug-"]
+            .iter()
+            .any(|p| {
+                name.strip_prefix(p)
+                    .is_some_and(|b| cpu::Plant::parse_set(b).is_some())
+            })
 }
 
 /// Opens a kernel by name.
