@@ -187,3 +187,39 @@ fn selftest_double_bug_rows_find_each_bug_by_its_own_trigger() {
         "two findings, two files"
     );
 }
+
+#[test]
+fn two_crash_reasons_are_two_findings_and_shrinking_keeps_each() {
+    // A worker that aborts on every fifth request, serving a kernel whose int32 output
+    // offsets crash on outputs past 2 GiB: two crashes, two bugs. Whichever comes first,
+    // the other is not hidden behind it.
+    let d = tmp("crash");
+    let bin = env!("CARGO_BIN_EXE_mqa-fuzz");
+    let kernel = format!("exec:'{bin}' worker --kernel cpu:bug-offset32-out --fault crash-at=5");
+    let r = campaign(&d, &kernel, "all", "2", "r");
+    let fs = findings(&r);
+    assert_eq!(fs.len(), 2, "{fs:#?}");
+    assert!(fs.iter().all(|f| f["class"] == "crash"));
+    let reasons: Vec<&str> = fs.iter().map(|f| f["reason"].as_str().unwrap()).collect();
+    assert_ne!(reasons[0], reasons[1]);
+    let oob = fs
+        .iter()
+        .find(|f| f["reason"] == "illegal memory access")
+        .expect("the offset bug's crash");
+    assert_eq!(
+        oob["trigger"],
+        serde_json::json!(["out-offset-2g"]),
+        "{oob}"
+    );
+    let abort = fs
+        .iter()
+        .find(|f| f["reason"] != "illegal memory access")
+        .unwrap();
+    assert!(
+        abort["reason"]
+            .as_str()
+            .unwrap()
+            .contains("fault injection: aborting on request …"),
+        "{abort}"
+    );
+}

@@ -28,7 +28,10 @@ pub fn crash_reason(v: &Verdict) -> Option<String> {
 /// 1. A device fault is named by what it is, however the library words it (CUDA's
 ///    "an illegal memory access was encountered", HIP's "memory access fault", the CPU
 ///    kernels' "illegal address: …"): `illegal memory access`, `misaligned address`.
-/// 2. Otherwise the first line that names an exception (`Type: message`), or the first
+/// 2. A worker that died is named by what died and the worker's last exception line
+///    (else its first stderr line that is not a bare signal note); the command line
+///    and exit status are left out.
+/// 3. Otherwise the first line that names an exception (`Type: message`), or the first
 ///    line, with numbers, hex addresses, paths and shapes replaced by `…`.
 pub fn normalise_reason(msg: &str) -> String {
     let lower = msg.to_ascii_lowercase();
@@ -42,18 +45,49 @@ pub fn normalise_reason(msg: &str) -> String {
             return reason.to_string();
         }
     }
+    // A worker that died: `<what>; worker `<command>` <status> during request N; stderr
+    // tail:\n…`. The command and status vary with the run; the reason is what died
+    // and the last thing the worker said (its exception, else its last line).
+    if let (Some((what, _)), Some((_, tail))) =
+        (msg.split_once("; worker `"), msg.split_once("stderr tail:"))
+    {
+        // A shell's or runtime's note of the signal ("Aborted (core dumped)") says less
+        // than the line before it, and is not always captured: skip it.
+        let informative = |l: &&str| {
+            !l.is_empty()
+                && !["Aborted", "Segmentation fault", "Killed", "Bus error"]
+                    .iter()
+                    .any(|s| l.starts_with(s))
+        };
+        let said = tail
+            .lines()
+            .map(str::trim)
+            .rfind(|l| exception_line(l))
+            .or_else(|| tail.lines().map(str::trim).find(informative))
+            .unwrap_or("no message");
+        return clip(format!(
+            "{}: {}",
+            strip_variables(what),
+            strip_variables(said)
+        ));
+    }
+    if let Some((what, _)) = msg.split_once("; worker `") {
+        return clip(strip_variables(what));
+    }
     let line = msg
         .lines()
         .map(str::trim)
         .find(|l| exception_line(l))
         .or_else(|| msg.lines().map(str::trim).find(|l| !l.is_empty()))
         .unwrap_or("");
-    let mut out = strip_variables(line);
-    if out.chars().count() > MAX_CHARS {
-        out = out.chars().take(MAX_CHARS).collect::<String>() + "…";
-    }
+    clip(strip_variables(line))
+}
+
+fn clip(out: String) -> String {
     if out.is_empty() {
         "crash without a message".into()
+    } else if out.chars().count() > MAX_CHARS {
+        out.chars().take(MAX_CHARS).collect::<String>() + "…"
     } else {
         out
     }
@@ -69,27 +103,36 @@ fn exception_line(l: &str) -> bool {
 }
 
 /// Replaces every word that carries a value (a number, a hex address, a path, a shape
-/// like `[4, 12]` or `(3)`) by `…`, and runs of them by one `…`.
+/// like `[4, 12]` or `(3)`) by `…`, keeping its brackets and clause punctuation; a run
+/// of such words becomes one (`[4, 12].` → `[…].`).
 fn strip_variables(line: &str) -> String {
     let mut words: Vec<String> = Vec::new();
+    let mut last_varied = false;
     for w in line.split_whitespace() {
-        let w = if varies(w) {
-            // Keep the punctuation that ends a clause, drop the value.
-            let tail: String = w
+        if !varies(w) {
+            words.push(w.to_string());
+            last_varied = false;
+            continue;
+        }
+        let lead: String = w.chars().take_while(|c| "([{".contains(*c)).collect();
+        let tail: String = {
+            let t: String = w
                 .chars()
                 .rev()
-                .take_while(|c| matches!(c, '.' | ',' | ';' | ':'))
+                .take_while(|c| ".,;:)]}".contains(*c))
                 .collect();
-            format!("…{}", tail.chars().rev().collect::<String>())
-        } else {
-            w.to_string()
+            t.chars().rev().collect()
         };
-        if w.starts_with('…') && words.last().is_some_and(|l| l.starts_with('…')) {
-            let l = words.last_mut().unwrap();
-            *l = w;
-        } else {
-            words.push(w);
+        match words.last_mut() {
+            Some(prev) if last_varied => {
+                let keep = prev.find('…').map_or(0, |i| i);
+                prev.truncate(keep);
+                prev.push('…');
+                prev.push_str(tail.trim_start_matches(','));
+            }
+            _ => words.push(format!("{lead}…{tail}")),
         }
+        last_varied = true;
     }
     words.join(" ")
 }
@@ -139,7 +182,7 @@ mod tests {
         assert_eq!(a, b);
         assert!(
             a.starts_with(
-                "RuntimeError: The expanded size of the tensor … must match the existing size …"
+                "RuntimeError: The expanded size of the tensor (…) must match the existing size (…) at non-singleton dimension …."
             ),
             "{a}"
         );
@@ -154,5 +197,21 @@ mod tests {
             "e4m3fn data at … in int32"
         );
         assert_eq!(n(""), "crash without a message");
+    }
+
+    #[test]
+    fn a_dead_worker_is_named_by_what_it_said_last() {
+        let a = n("worker exited; worker `python3 k/numpy_adapter.py --plant zero-batch` exit status 134 (signal 6 (SIGABRT)) during request 7; stderr tail:\nfault injection: aborting on request 7 (id 9)");
+        let b = n("worker exited; worker `python3 k/numpy_adapter.py` exit status 134 (signal 6 (SIGABRT)) during request 2; stderr tail:\nfault injection: aborting on request 2 (id 3)");
+        assert_eq!(a, b);
+        assert_eq!(
+            a,
+            "worker exited: fault injection: aborting on request … (id …)"
+        );
+        let c = n("worker exited; worker `x` killed during request 1; stderr tail:\nTraceback (most recent call last):\nAssertionError: Preshuffle mode is only supported on gluon\nsome noise");
+        assert_eq!(
+            c,
+            "worker exited: AssertionError: Preshuffle mode is only supported on gluon"
+        );
     }
 }
