@@ -205,7 +205,7 @@ fn two_crash_reasons_are_two_findings_and_shrinking_keeps_each() {
     let oob = fs
         .iter()
         .find(|f| f["reason"] == "illegal memory access")
-        .expect("the offset bug's crash");
+        .unwrap_or_else(|| panic!("the offset bug's crash: {reasons:?}"));
     assert_eq!(
         oob["trigger"],
         serde_json::json!(["out-offset-2g"]),
@@ -222,4 +222,59 @@ fn two_crash_reasons_are_two_findings_and_shrinking_keeps_each() {
             .contains("fault injection: aborting on request …"),
         "{abort}"
     );
+}
+
+#[test]
+fn merge_folds_shards_by_signature_into_distinct_bugs() {
+    let d = tmp("merge");
+    let kernel = "cpu:bug-offset32-kv+scale-before-relu";
+    for (shard, name) in [("0/2", "s0"), ("1/2", "s1")] {
+        let (code, out) = run(
+            &d,
+            &[
+                "run",
+                "--kernel",
+                kernel,
+                "--profile",
+                "all",
+                "--budget",
+                "150",
+                "--seed",
+                "1",
+                "--shard",
+                shard,
+                "--max-findings",
+                "2",
+                "--report",
+                name,
+                "--corpus",
+                &format!("{name}-corpus"),
+            ],
+        );
+        assert_eq!(code, 1, "{out}");
+    }
+    let (code, out) = run(&d, &["merge", "s0", "s1", "--out", "m"]);
+    assert_eq!(code, 1, "{out}");
+    let m: Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("m/report.json")).unwrap()).unwrap();
+    let t = triggers(&m);
+    assert_eq!(findings(&m).len(), 2, "the two bugs, once each: {t:?}");
+    let occ: u64 = findings(&m)
+        .iter()
+        .map(|f| f["occurrences"].as_u64().unwrap())
+        .sum();
+    let shard_occ: u64 = ["s0", "s1"]
+        .iter()
+        .map(|s| {
+            let r: Value = serde_json::from_str(
+                &std::fs::read_to_string(d.join(s).join("report.json")).unwrap(),
+            )
+            .unwrap();
+            findings(&r)
+                .iter()
+                .map(|f| f["occurrences"].as_u64().unwrap())
+                .sum::<u64>()
+        })
+        .sum();
+    assert_eq!(occ, shard_occ, "occurrences add");
 }

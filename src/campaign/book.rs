@@ -58,6 +58,30 @@ impl Subject<'_> {
     }
 }
 
+/// Whether findings of classes `a` and `b` (with `trigger`) can be one bug: the same
+/// class; or two value classes (`mismatch`, `nan`, `inf`, `unwritten`) of a bug that
+/// needs something special: a wrapped offset reads poisoned bytes (nan) in one case and
+/// another block's values (mismatch) in the next, and one 2-D-lengths bug shows as
+/// mismatch, unwritten and nan. Crashes and contract classes stay apart.
+pub(crate) fn same_bug_classes(a: Class, b: Class, trigger: &[Feature]) -> bool {
+    let value = |c: Class| {
+        matches!(
+            c,
+            Class::Mismatch | Class::Nan | Class::Inf | Class::Unwritten
+        )
+    };
+    a == b || (!trigger.is_empty() && value(a) && value(b))
+}
+
+/// The smaller of two triggers (what two findings to be merged both need).
+fn smaller<'t>(a: &'t [Feature], b: &'t [Feature]) -> &'t [Feature] {
+    if a.len() <= b.len() {
+        a
+    } else {
+        b
+    }
+}
+
 /// An ablation run's answer ([`ablate`]): the failure still shows, the case is clean,
 /// or neither (skipped, or another failure that may hide this one).
 fn ablation_outcome(v: &Verdict, keep: &dyn Fn(&Verdict) -> bool) -> Option<bool> {
@@ -162,7 +186,7 @@ impl Book {
                 .find(|k| {
                     self.merged_into[k.index] == k.index
                         && k.kernel == name
-                        && k.class == c
+                        && same_bug_classes(k.class, c, &k.trigger)
                         && k.reason == r
                         && k.trigger.iter().all(|f| feats.contains(f))
                 })
@@ -398,7 +422,8 @@ impl Book {
     }
 
     /// A known finding that is the same bug as `sig` though its trigger differs: same
-    /// kernel, class and reason, and one trigger contains the other (the larger one is
+    /// kernel and reason, classes of one bug ([`same_bug_classes`]), and one trigger
+    /// contains the other (the larger one is
     /// the bug seen on a more special case, whose extra features only looked necessary
     /// there). `(index, true)` when `sig`'s trigger is the smaller one: the finding is
     /// to be generalised to it.
@@ -406,7 +431,7 @@ impl Book {
         self.known.iter().find_map(|k| {
             if self.merged_into[k.index] != k.index
                 || k.kernel != sig.kernel
-                || k.class != sig.class
+                || !same_bug_classes(k.class, sig.class, smaller(&k.trigger, &sig.trigger))
                 || k.reason != sig.reason
             {
                 return None;
@@ -435,7 +460,7 @@ impl Book {
             .filter(|k| {
                 self.merged_into[k.index] == k.index
                     && k.kernel == sig.kernel
-                    && k.class == sig.class
+                    && same_bug_classes(k.class, sig.class, &sig.trigger)
                     && k.reason == sig.reason
                     && within(&sig.trigger, &k.trigger)
             })
