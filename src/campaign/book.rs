@@ -104,6 +104,9 @@ pub(super) struct Failure {
     /// The campaign case `(k, seed)` it came from; `None` for a case that cannot be
     /// regenerated from a seed (met while shrinking another), which is not shrunk.
     pub origin: Option<(u64, u64)>,
+    /// For a case met while shrinking: the campaign case whose shrinking met it (for
+    /// the corpus file's note).
+    pub parent: Option<(u64, u64)>,
 }
 
 /// What the campaign lends the book for one failure.
@@ -216,7 +219,7 @@ impl Book {
             self.count(i);
             return false;
         }
-        let (k, seed) = f.origin.unwrap_or((u64::MAX, f.recipe.seed));
+        let (k, seed) = f.origin.or(f.parent).unwrap_or((0, f.recipe.seed));
         ctx.progress.println(&format!(
             "finding: {name} {class}{} on {}; shrinking...",
             reason
@@ -337,6 +340,7 @@ impl Book {
                     case,
                     verdict,
                     origin: None,
+                    parent: Some((k, seed)),
                 },
             );
         }

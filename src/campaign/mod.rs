@@ -625,6 +625,7 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
                             case: r.case.clone(),
                             verdict: v.clone(),
                             origin: Some((r.k, r.seed)),
+                            parent: None,
                         },
                     );
                 }
@@ -639,6 +640,7 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
                             case: r.case.clone(),
                             verdict: divergent_verdict(msg),
                             origin: Some((r.k, r.seed)),
+                            parent: None,
                         },
                     );
                 }
