@@ -22,6 +22,9 @@ pub struct Trigger {
     /// False when the ablation ran out of budget before trying every feature: a
     /// feature not listed may still be needed.
     pub complete: bool,
+    /// Where the failure reproduces ([`ablate`]): `None` until checked, then the
+    /// least benign tier the check needed.
+    pub checked_tier: Option<Tier>,
 }
 
 impl Trigger {
@@ -33,18 +36,20 @@ impl Trigger {
             sentences: features.iter().map(|f| f.sentence(recipe)).collect(),
             features,
             complete,
+            checked_tier: None,
         }
     }
 
-    /// The finding's tier: the least benign tier among the needed features
-    /// (`production` for a bug that needs nothing special). Every other feature of the
-    /// case was shown, one at a time, not to matter.
+    /// The finding's tier: the most benign domain in which the shrunk failure still
+    /// reproduces. [`ablate`] rewrites every feature outside the trigger whose tier is
+    /// less benign than the trigger's into its benign form, all at once, and re-runs:
+    /// when the failure still shows, the tier is the trigger's (the least benign tier
+    /// among its features; `production` for a bug that needs nothing special); when it
+    /// does not, the least benign tier of every feature the case has. Unchecked
+    /// (budget spent): the trigger's.
     pub fn tier(&self, recipe: &Recipe) -> Tier {
-        self.features
-            .iter()
-            .map(|f| f.tier(recipe))
-            .max()
-            .unwrap_or(Tier::Production)
+        self.checked_tier
+            .unwrap_or_else(|| tier_of(&self.features, recipe))
     }
 
     /// `needs: KV byte offset ≥ 2^32; block size 1`, or `needs nothing special`.
@@ -55,6 +60,15 @@ impl Trigger {
             format!("needs: {}", self.sentences.join("; "))
         }
     }
+}
+
+/// The least benign tier among `features` (`production` for none).
+fn tier_of(features: &[Feature], recipe: &Recipe) -> Tier {
+    features
+        .iter()
+        .map(|f| f.tier(recipe))
+        .max()
+        .unwrap_or(Tier::Production)
 }
 
 /// Who a finding is: the kernel, the class, the crash reason and the trigger.
@@ -143,5 +157,43 @@ pub fn ablate(
             needed.push(f);
         }
     }
-    (Trigger::new(recipe, needed, complete), runs)
+    let mut trigger = Trigger::new(recipe, needed.clone(), complete);
+    // The tier check: everything outside the trigger that lies in a less benign tier
+    // than the trigger's, rewritten at once.
+    let want = tier_of(&needed, recipe);
+    let mut joint = recipe.clone();
+    let mut rewritten = false;
+    for f in features_of(recipe) {
+        if !needed.contains(&f) && f.tier(recipe) > want && f.present(&joint) {
+            joint = f.benign(&joint);
+            rewritten = true;
+        }
+    }
+    if !rewritten {
+        trigger.checked_tier = Some(want);
+    } else if complete {
+        for draw in 0..ABLATION_DRAWS {
+            if Instant::now() >= deadline || crate::campaign::interrupt::requested() {
+                break;
+            }
+            let case = Recipe {
+                seed: joint.seed ^ draw.wrapping_mul(0x9E37_79B9_7F4A_7C15),
+                ..joint.clone()
+            }
+            .materialize();
+            if case.validate().is_err() {
+                break;
+            }
+            runs += 1;
+            if still_fails(&case) == Some(true) {
+                trigger.checked_tier = Some(want);
+                break;
+            }
+        }
+        if trigger.checked_tier.is_none() && Instant::now() < deadline {
+            let all = features_of(recipe);
+            trigger.checked_tier = Some(tier_of(&all, recipe));
+        }
+    }
+    (trigger, runs)
 }
