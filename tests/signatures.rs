@@ -101,6 +101,10 @@ fn assert_two_bugs(dir: &Path, r: &Value, name: &str) {
             .any(|x| x == "hostile-values");
         assert_eq!(tier, if hostile { "hostile" } else { "production" }, "{f}");
         assert!(f["needs"].as_str().unwrap().starts_with("needs: "));
+        assert!(
+            !f["position"].as_array().unwrap().is_empty(),
+            "a value finding says where its first offender sits: {f}"
+        );
     }
     let files = std::fs::read_dir(dir.join(format!("{name}-corpus")))
         .unwrap()

@@ -555,6 +555,10 @@ impl Book {
             needs: trigger.sentence(),
             trigger_complete: trigger.complete,
             reason: sig.reason.clone(),
+            position: crate::finding::position::first_offender_position(
+                &shrunk.case,
+                &shrunk.verdict,
+            ),
             kernel: sig.kernel.clone(),
             profile: ctx.engine.cfg.profile.name().to_string(),
             class: Some(sig.class),

@@ -5,9 +5,11 @@
 //!
 //! - [`reason`]: crash messages → reasons (numbers, addresses, paths, shapes stripped).
 //! - [`feature`]: the fixed vocabulary of case features, each with its benign form.
+//! - [`position`]: where the first offending position sits (block/chunk/context edge).
 //! - [`signature`]: [`Signature`], [`Trigger`], [`Tier`] and the ablation that finds them.
 
 pub mod feature;
+pub mod position;
 pub mod reason;
 pub mod signature;
 

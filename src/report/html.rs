@@ -113,6 +113,7 @@ fn finding_html(s: &mut String, i: usize, f: &Finding) {
         ("signature", f.signature.clone()),
         ("tier", f.tier.name().to_string()),
         ("trigger", f.needs.clone()),
+        ("first offender at", f.position.join(", ")),
         ("classes", classes.join(", ")),
         ("verdict", crate::cli::verdict_line(&f.verdict)),
         (

@@ -208,6 +208,10 @@ pub struct Finding {
     pub trigger_complete: bool,
     /// The normalised crash reason (crashes only).
     pub reason: Option<String>,
+    /// Where the first offending position sits ([`crate::finding::position`]):
+    /// `last-valid-position`, `past-valid-range`, `context-start`, `block-edge`,
+    /// `chunk-edge` or `interior`; empty for case-level classes.
+    pub position: Vec<String>,
     pub kernel: String,
     pub profile: String,
     /// The primary class (for titles and sorting); an `Option` only so that the struct
