@@ -666,11 +666,7 @@ fn cmd_run(args: RunArgs) -> Result<i32, Fatal> {
     let planted: Vec<&str> = cfg
         .kernels
         .iter()
-        .filter(|k| {
-            kernel::registry()
-                .iter()
-                .any(|e| &e.name == *k && e.planted_bug)
-        })
+        .filter(|k| kernel::is_planted_bug(k))
         .map(String::as_str)
         .collect();
     cfg.corpus_dir = match &args.corpus {
@@ -731,11 +727,21 @@ fn print_summary(r: &crate::report::Report, dir: &std::path::Path) {
     for l in crate::report::headline::launch_lines(r) {
         crate::outln!("{l}");
     }
+    if !r.findings.is_empty() {
+        crate::outln!("{}", crate::report::headline::bugs_line(r));
+        crate::outln!("{}", crate::report::headline::guard_by_tier(r));
+    }
     for f in &r.findings {
         crate::outln!(
-            "FINDING {} [{}] x{}: {}{}",
+            "FINDING {} [{}{}] tier {}, {} x{}: {}{}",
             f.kernel,
             f.class.map(|c| c.name()).unwrap_or("?"),
+            f.reason
+                .as_deref()
+                .map(|r| format!(": {r}"))
+                .unwrap_or_default(),
+            f.tier.name(),
+            f.needs,
             f.occurrences,
             f.case_file.as_deref().unwrap_or("(not saved)"),
             if f.replay_command.is_empty() {

@@ -10,6 +10,7 @@ pub mod campaign;
 pub mod case;
 pub mod cli;
 pub mod error;
+pub mod finding;
 pub mod fp8;
 pub mod generate;
 pub mod harness;

@@ -2,14 +2,19 @@
 //! planted-bug kernel of the chosen backends is fuzzed from K seeds (the generators do
 //! not know which bug is planted); we record whether and how fast it was found, what
 //! the shrunk case looks like and whether its replay reproduces. Clean kernels run for
-//! the same budget and must find nothing.
+//! the same budget and must find nothing. A double-bug kernel per backend
+//! ([`DOUBLE_BUG`], two bugs of the same class planted at once) checks that identity
+//! tells bugs apart: each bug counts as found only when a finding carries its own
+//! trigger.
 
 use crate::campaign::{self, Config};
 use crate::case::load_case_file;
 use crate::error::{exit, Fatal};
+use crate::finding::Feature;
 use crate::generate::Profile;
 use crate::harness;
 use crate::kernel;
+use crate::kernel::cpu::Plant;
 use serde::Serialize;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -31,9 +36,24 @@ impl Backend {
     }
 }
 
+/// The double-bug rows: two planted bugs that both show as `mismatch`/`nan`, each with
+/// the features its mechanism needs (its own trigger).
+pub const DOUBLE_BUG: [(Plant, &[Feature]); 2] = [
+    (Plant::Offset32Kv, &[Feature::KvOffset4g]),
+    (Plant::ScaleBeforeRelu, &[Feature::HostileValues]),
+];
+
+/// The double-bug kernel of a backend prefix (`cpu:bug-offset32-kv+scale-before-relu`).
+pub fn double_bug_kernel(prefix: &str) -> String {
+    let names: Vec<&str> = DOUBLE_BUG.iter().map(|(p, _)| p.name()).collect();
+    format!("{prefix}bug-{}", names.join("+"))
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct BugRun {
     pub kernel: String,
+    /// In a double-bug kernel: the planted bug this row is about.
+    pub bug: Option<String>,
     pub seed: u64,
     pub detected: bool,
     pub cases_to_detect: Option<u64>,
@@ -124,7 +144,17 @@ pub fn run(opt: &Options) -> Result<i32, Fatal> {
             Ok(()) => clean.push(e.name.clone()),
         }
     }
-    if bugs.is_empty() && clean.is_empty() {
+    let mut doubles = Vec::new();
+    for prefix in opt.backend.prefixes() {
+        let name = double_bug_kernel(prefix);
+        if chosen(&name) {
+            match kernel::open(&name) {
+                Ok(_) => doubles.push(name),
+                Err(e) => unavailable.push(format!("{name}: {e}")),
+            }
+        }
+    }
+    if bugs.is_empty() && clean.is_empty() && doubles.is_empty() {
         return Err(Fatal::environment(format!(
             "no kernel of backend {:?} can run here: {}",
             opt.backend,
@@ -176,6 +206,7 @@ pub fn run(opt: &Options) -> Result<i32, Fatal> {
             }
             let run = BugRun {
                 kernel: name.clone(),
+                bug: None,
                 seed,
                 detected: det.is_some(),
                 cases_to_detect: det.map(|d| d.cases),
@@ -216,6 +247,20 @@ pub fn run(opt: &Options) -> Result<i32, Fatal> {
             print_production_line(&run);
         }
         report.production.push(run);
+    }
+    for name in &doubles {
+        for seed in 1..=opt.seeds {
+            if campaign::interrupt::requested() {
+                break;
+            }
+            for run in double_bug_runs(opt, &work, name, seed)? {
+                report.passed &= run.detected;
+                if !opt.json {
+                    print_bug_line(&run);
+                }
+                report.bugs.push(run);
+            }
+        }
     }
     for name in &clean {
         if campaign::interrupt::requested() {
@@ -366,10 +411,67 @@ fn print_production_line(r: &ProductionRun) {
     );
 }
 
+/// One campaign of a double-bug kernel; a row per planted bug, found when a finding's
+/// trigger holds the bug's own features and none of the other bug's (a finding that
+/// needs both is neither bug alone).
+fn double_bug_runs(
+    opt: &Options,
+    work: &std::path::Path,
+    name: &str,
+    seed: u64,
+) -> Result<Vec<BugRun>, Fatal> {
+    let dir = work.join(format!("{}-{seed}", name.replace([':', '+'], "_")));
+    let mut cfg = Config::new(vec![name.to_string()], dir.join("report"));
+    cfg.profile = Profile::All;
+    cfg.budget = Some(opt.budget);
+    cfg.seed = seed;
+    cfg.corpus_dir = dir.join("corpus");
+    cfg.quiet = true;
+    cfg.stop_after_findings = Some(DOUBLE_BUG.len());
+    cfg.shrink_budget = Duration::from_secs(15);
+    let out = campaign::run(&cfg)?;
+    let has = |f: &crate::report::Finding, needs: &[Feature]| {
+        needs
+            .iter()
+            .all(|n| f.trigger.iter().any(|t| t == n.name()))
+    };
+    Ok(DOUBLE_BUG
+        .iter()
+        .map(|(plant, needs)| {
+            let f = out.report.findings.iter().find(|f| {
+                has(f, needs)
+                    && DOUBLE_BUG
+                        .iter()
+                        .filter(|(p, _)| p != plant)
+                        .all(|(_, other)| !has(f, other))
+            });
+            let det = f.and_then(|f| out.detections.iter().find(|d| d.signature == f.signature));
+            BugRun {
+                kernel: name.to_string(),
+                bug: Some(plant.name().to_string()),
+                seed,
+                detected: f.is_some(),
+                cases_to_detect: det.map(|d| d.cases),
+                secs_to_detect: det.map(|d| d.secs),
+                class: f.and_then(|f| f.class).map(|c| c.name().to_string()),
+                shrunk_rows: f.map(|f| f.rows),
+                shrunk_tokens: f.map(|f| f.tokens),
+                shrunk_blocks: None,
+                case_file: f.and_then(|f| f.case_file.clone()),
+                replay_reproduces: None,
+            }
+        })
+        .collect())
+}
+
 fn print_bug_line(r: &BugRun) {
+    let kernel = match &r.bug {
+        Some(b) => format!("{} [{b}]", r.kernel),
+        None => r.kernel.clone(),
+    };
     crate::outln!(
         "{:<28} seed {:<2} {:<8} cases {:>5} {:>7} {:<16} rows {:>3} tokens {:>6} blocks {:>3} replay {}",
-        r.kernel,
+        kernel,
         r.seed,
         if r.detected { "FOUND" } else { "MISSED" },
         r.cases_to_detect.map(|c| c.to_string()).unwrap_or("-".into()),

@@ -183,6 +183,29 @@ fn numpy_plants_are_caught_like_the_cpu_bugs() {
 }
 
 #[test]
+fn numpy_composed_plants_are_caught_like_the_composed_cpu_bugs() {
+    require_python!("numpy");
+    // `--plant A,B` plants both bugs: each one's case shows what `cpu:bug-A+B` shows.
+    let k = adapter("numpy --plant offset32-kv,scale-before-relu");
+    let cpu = kernel::open("cpu:bug-offset32-kv+scale-before-relu").unwrap();
+    for name in ["offset32-kv", "scale-before-relu"] {
+        let case = case_for(name);
+        let want = classes(&judge_once(cpu.as_ref(), &case));
+        assert!(
+            !want.is_empty(),
+            "{name}'s case is not caught by the composed cpu bug"
+        );
+        let got = classes(&judge_once(k.as_ref(), &case));
+        assert_eq!(
+            got, want,
+            "numpy --plant offset32-kv,scale-before-relu on {name}'s case"
+        );
+    }
+    // A clean case of both stays clean.
+    assert!(judge_once(k.as_ref(), &recipe(vec![40, 9], 1).materialize()).is_clean());
+}
+
+#[test]
 fn numpy_fault_flag_crashes_deterministically_mid_campaign() {
     require_python!("numpy");
     let k = adapter("numpy --fault crash-if-ctx-over=400");

@@ -156,6 +156,31 @@ fn scale_before_relu() {
 }
 
 #[test]
+fn composed_plants_each_fail_through_their_own_mechanism() {
+    let name = "cpu:bug-offset32-kv+scale-before-relu";
+    assert!(mqa_fuzz::kernel::is_planted_bug(name));
+    assert_eq!(mqa_fuzz::kernel::open(name).unwrap().name(), name);
+    // The scale bug's case (negative scales, low offsets).
+    let mut case = recipe(vec![40, 9], 1).materialize();
+    assert!(
+        judge(name, &case).is_clean(),
+        "positive scales, low offsets"
+    );
+    negate_scales(&mut case);
+    assert!(judge(name, &case).classes.contains_key(&Class::Mismatch));
+    assert!(judge("cpu:bug-offset32-kv", &case).is_clean());
+    // The offset bug's case (past 4 GiB, positive scales).
+    let mut r = recipe(vec![40, 70, 33], 1);
+    r.offsets = OffsetClass::Around4G;
+    let case = r.materialize();
+    assert!(judge(name, &case).classes.contains_key(&Class::Nan));
+    assert!(judge("cpu:bug-scale-before-relu", &case).is_clean());
+    // A repeat or an unknown part is no kernel.
+    assert!(mqa_fuzz::kernel::open("cpu:bug-offset32-kv+offset32-kv").is_err());
+    assert!(mqa_fuzz::kernel::open("cpu:bug-offset32-kv+nope").is_err());
+}
+
+#[test]
 fn split_boundary_drop() {
     // One sequence of 10 chunks over 8 workers: ranges of 2 chunks, the second worker
     // starts at chunk 2 of the same sequence and drops it.

@@ -11,6 +11,11 @@ unwritten positions and out-of-bounds stores are both seen. ``shuffle16`` cases 
 ``Preshuffle=True``; ``--varctx`` adds the variable-context schedule; ``--guard`` applies
 the engines' ``nan_to_num_(-inf)`` afterwards (to show what the guard hides).
 
+Capabilities follow AITER's dispatch, so that a precondition AITER asserts is a skip with
+its reason, not a finding: ``Preshuffle=True`` runs only on the Gluon path
+(``pa_mqa_logits.enable_gluon_pa_mqa_logits``; the plain Triton path asserts "Preshuffle
+mode is only supported on gluon kernel."), and there only with ``KVBlockSize % 16 == 0``.
+
     mqa-fuzz replay corpus/*.json --kernel aiter
     mqa-fuzz replay corpus/*.json --kernel 'aiter --varctx --chunk-k 64'
 """
@@ -54,9 +59,10 @@ def main():
     limit = torch.cuda.mem_get_info(dev)[0] * 0.6 if dev.type == "cuda" else 2 << 30
     ck = args.chunk_k
     sizes = [b for b in (1, 16, 32, 64, 128, 256, 512) if ck % b == 0 or b % ck == 0]
+    gluon = bool(getattr(pml, "enable_gluon_pa_mqa_logits", False))
     caps = pc.capabilities(
         formats=[fmt],
-        layouts=["normal", "shuffle16"],
+        layouts=["normal", "shuffle16"] if gluon else ["normal"],
         block_sizes={"list": sizes},
         next_n=[1, args.max_next_n],
         heads=[int(h) for h in args.heads.split(",")],
@@ -68,7 +74,7 @@ def main():
         max_kv_bytes=int(limit),
         nan_behaviour="reported per case" + ("; nan_to_num_(-inf) applied after the kernel" if args.guard else ""),
     )
-    opts = f"ChunkK={ck} WavePerEU={args.wave_per_eu}" + (" varctx" if args.varctx else "") + (" +guard" if args.guard else "")
+    opts = f"ChunkK={ck} WavePerEU={args.wave_per_eu}" + ("" if gluon else " triton-path") + (" varctx" if args.varctx else "") + (" +guard" if args.guard else "")
     version = getattr(aiter, "__version__", None) or _dist_version("amd-aiter") or "unknown"
     hello = {"name": f"aiter:deepgemm_fp8_paged_mqa_logits {opts}", "library": "aiter", "version": str(version),
              "device": tc.device_name(dev) if dev.type == "cuda" else "cpu (fake aiter)", "capabilities": caps}
@@ -80,6 +86,10 @@ def main():
         buf, logits = tc.guarded_output(case, dev)
         before = tc.checksum(q, w, lens, table, flat)
         preshuffle = case.layout == "shuffle16"
+        if preshuffle and not gluon:
+            raise pc.Skipped("aiter: Preshuffle mode is only supported on gluon kernel (enable_gluon_pa_mqa_logits is off)")
+        if preshuffle and case.block_size % 16:
+            raise pc.Skipped(f"aiter: Preshuffle mode only supports KVBlockSize aligned to 16 (block size {case.block_size})")
         sched = None
         if args.varctx:
             sched = pml.deepgemm_fp8_paged_mqa_logits_schedule(case.batch, case.next_n, lens, case.max_model_len,

@@ -6,9 +6,11 @@ workers, whole-chunk stores with -inf masks, f32 accumulation) against the poiso
 device cache, emulated sparsely so multi-GiB caches cost nothing. ``--plant BUG``
 reproduces one planted bug of ``cpu:chunked`` (src/kernel/cpu/chunked.rs) through its
 real mechanism, so CI tests the protocol end to end both ways: clean, and caught.
+``--plant A,B`` plants several bugs at once (as ``cpu:bug-A+B``).
 
     mqa-fuzz replay corpus/*.json --kernel numpy
     mqa-fuzz replay corpus/*.json --kernel 'numpy --plant offset32-kv'
+    mqa-fuzz run --kernel 'numpy --plant offset32-kv,scale-before-relu'
 """
 
 import argparse
@@ -29,12 +31,23 @@ PLANTS = [
 ]
 
 
+def plant_list(arg):
+    """``A,B``: the planted bugs, each known and given once (argparse's type check)."""
+    names = arg.split(",")
+    for n in names:
+        if n not in PLANTS:
+            raise argparse.ArgumentTypeError(f"unknown planted bug {n!r} (choose from {', '.join(PLANTS)})")
+    if len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"a planted bug is named twice in {arg!r}")
+    return names
+
+
 class Kernel:
-    def __init__(self, plant=None):
-        self.plant = plant
+    def __init__(self, plants=()):
+        self.plants = list(plants)
 
     def has(self, p):
-        return self.plant == p
+        return p in self.plants
 
     # -- what the kernel believes -------------------------------------------------------
     def believed_len(self, c, r):
@@ -159,11 +172,12 @@ class Kernel:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--plant", choices=PLANTS, help="reproduce a planted bug")
+    ap.add_argument("--plant", type=plant_list, default=[], metavar="BUG[,BUG...]",
+                    help="reproduce planted bugs (comma-separated): " + ", ".join(PLANTS))
     pc.add_common_args(ap)
     args = ap.parse_args()
     k = Kernel(args.plant)
-    name = "numpy:chunked" + (f" --plant {args.plant}" if args.plant else "")
+    name = "numpy:chunked" + (f" --plant {','.join(args.plant)}" if args.plant else "")
     hello = {
         "name": name,
         "library": "numpy",

@@ -1,41 +1,11 @@
 //! The corpus directory: saved cases, replayed first by every campaign. One bug gives
-//! one file: files are named by a signature (kernel, class, axis fingerprint), and a
-//! finding whose signature is already saved only counts an occurrence.
+//! one file: files are named by the finding's signature (kernel, class, crash reason,
+//! trigger; see [`crate::finding::Signature`]), and a finding whose signature is
+//! already saved only counts an occurrence.
 
-use crate::case::{load_case_file, save_case_file, Case, CaseFile, CaseFileError};
+use crate::case::{load_case_file, save_case_file, CaseFile, CaseFileError};
 use crate::oracle::Class;
 use std::path::{Path, PathBuf};
-
-/// The coarse axes that tell bugs of one class apart: where the addresses lie (a
-/// wrapped 32-bit offset is a different bug from a masking error with the same class).
-/// Shape, format and layout are left out on purpose: shrinking drives them to their
-/// simplest values, and one bug must give one corpus file, not one per layout.
-pub fn fingerprint(case: &Case) -> String {
-    let max_off = case.max_kv_offset();
-    let offsets = if max_off >= 1 << 32 {
-        "kv>4g"
-    } else if max_off >= 1 << 31 {
-        "kv>2g"
-    } else {
-        "kv-low"
-    };
-    format!(
-        "{offsets}/{}",
-        if case.output_bytes() > 1 << 31 {
-            "out>2g"
-        } else {
-            "out-low"
-        }
-    )
-}
-
-/// The deduplication signature of a finding: kernel and class. One planted bug gives
-/// one corpus file; a second, different bug of the same class in the same kernel is
-/// counted as an occurrence of the first until the first is fixed (its file then
-/// replays clean and the second one gets saved).
-pub fn signature(kernel: &str, class: Class, _case: &Case) -> String {
-    format!("{kernel}|{}", class.name())
-}
 
 /// FNV-1a, for short stable file names.
 pub fn short_hash(s: &str) -> String {

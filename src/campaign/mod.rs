@@ -4,6 +4,7 @@
 //! the report. Execution (worker threads) is separate from reporting (the main thread
 //! consumes one stream of case results).
 
+mod book;
 pub mod corpus;
 pub mod coverage;
 pub mod interrupt;
@@ -17,12 +18,9 @@ use crate::generate::{Draw, Profile, Recipe};
 use crate::harness::{self, ReferenceCache};
 use crate::kernel::{self, Kernel};
 use crate::oracle::{Class, OracleConfig, Verdict};
-use crate::report::{
-    self, Finding, KernelInfo, KernelStats, Report, Shard, Timings, REPORT_VERSION,
-};
+use crate::report::{self, KernelInfo, KernelStats, Report, Shard, Timings, REPORT_VERSION};
 use proptest::strategy::{SBoxedStrategy, Strategy, ValueTree};
 use proptest::test_runner::{Config as PtConfig, TestRunner};
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
@@ -470,9 +468,7 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
             .map(|k| KernelInfo {
                 name: k.name().to_string(),
                 version: k.version(),
-                planted_bug: kernel::registry()
-                    .iter()
-                    .any(|e| e.name == k.name() && e.planted_bug),
+                planted_bug: kernel::is_planted_bug(k.name()),
                 capabilities: serde_json::to_value(k.capabilities()).unwrap_or_default(),
             })
             .collect(),
@@ -491,9 +487,7 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
     }
     let mut progress = progress::Progress::new(cfg.quiet, cfg.budget, cfg.max_cases);
     let mut timings = Timings::default();
-    let mut findings: Vec<Finding> = Vec::new();
-    let mut by_signature: HashMap<String, usize> = HashMap::new();
-    let mut detections = Vec::new();
+    let mut book = book::Book::default();
     let mut any_finding = false;
     let mut env_error: Option<String> = None;
 
@@ -530,72 +524,55 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
                 (j.wall.as_secs_f64(), j.setup.as_secs_f64()),
                 &file.case,
             );
-            if let Some(class) = v.primary_class() {
+            if v.primary_class().is_some() {
                 any_finding = true;
-                let sig = corpus::signature(kern.name(), class, &file.case);
                 progress.println(&format!(
                     "corpus {}: {} {}",
                     path.display(),
                     kern.name(),
                     crate::cli::verdict_line(&v)
                 ));
-                let f = Finding {
-                    signature: sig.clone(),
-                    kernel: kern.name().to_string(),
-                    profile: "corpus".into(),
-                    class: Some(class),
-                    classes: v.classes.clone(),
-                    case_file: Some(path.display().to_string()),
-                    replay_command: replay_command(path, &[kern.name()]),
-                    seed: file.provenance.seed,
-                    shrunk: file.provenance.shrunk,
-                    rows: file.case.rows(),
-                    tokens: (0..file.case.shape.batch)
-                        .map(|b| file.case.seq_tokens(b) as u64)
-                        .sum(),
-                    occurrences: 1,
-                    verdict: v,
-                    picture: None,
-                    error_histogram: Vec::new(),
+                let mut ctx = book::Ctx {
+                    engine: &engine,
+                    progress: &mut progress,
+                    timings: &mut timings,
+                    generated: 0,
+                    started,
+                    deadline: None,
                 };
-                by_signature.insert(sig, findings.len());
-                findings.push(f);
+                book.replayed(
+                    &mut ctx,
+                    book::Subject::Kernel(kern.as_ref()),
+                    path,
+                    file,
+                    v,
+                );
             }
         }
         if env_error.is_none() {
             if let Some((bi, msg)) = first_divergence(&engine.kernels, &file.case, &outputs) {
                 any_finding = true;
-                let (a, b) = (engine.kernels[0].name(), engine.kernels[bi].name());
-                let pair = pair_name(a, b);
-                let sig = corpus::signature(&pair, Class::Divergent, &file.case);
+                let (a, b) = (engine.kernels[0].as_ref(), engine.kernels[bi].as_ref());
                 progress.println(&format!(
-                    "corpus {}: {pair} divergent: {msg}",
-                    path.display()
+                    "corpus {}: {} divergent: {msg}",
+                    path.display(),
+                    pair_name(a.name(), b.name())
                 ));
-                if let Some(&fi) = by_signature.get(&sig) {
-                    findings[fi].occurrences += 1;
-                } else {
-                    let v = divergent_verdict(&msg);
-                    by_signature.insert(sig.clone(), findings.len());
-                    findings.push(Finding {
-                        signature: sig,
-                        kernel: pair,
-                        profile: "corpus".into(),
-                        class: Some(Class::Divergent),
-                        classes: v.classes.clone(),
-                        case_file: Some(path.display().to_string()),
-                        replay_command: replay_command(path, &[a, b]),
-                        seed: file.provenance.seed,
-                        shrunk: file.provenance.shrunk,
-                        rows: file.case.rows(),
-                        tokens: (0..file.case.shape.batch)
-                            .map(|b| file.case.seq_tokens(b) as u64)
-                            .sum(),
-                        occurrences: 1,
-                        verdict: v,
-                        ..Default::default()
-                    });
-                }
+                let mut ctx = book::Ctx {
+                    engine: &engine,
+                    progress: &mut progress,
+                    timings: &mut timings,
+                    generated: 0,
+                    started,
+                    deadline: None,
+                };
+                book.replayed(
+                    &mut ctx,
+                    book::Subject::Pair(a, b),
+                    path,
+                    file,
+                    divergent_verdict(&msg),
+                );
             }
         }
         timings.reference_secs += refs.time.as_secs_f64();
@@ -698,233 +675,53 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
                 }
                 line["verdicts"] = serde_json::Value::Array(kinds);
                 cases_log.push(line);
-                // Findings of this case, one per kernel (plus a divergence).
-                let mut to_handle: Vec<(usize, Class)> = Vec::new();
+                // Findings of this case, one per kernel (plus a divergence): the book
+                // decides which bug each one is.
+                let mut ctx = book::Ctx {
+                    engine: &engine,
+                    progress: &mut progress,
+                    timings: &mut timings,
+                    generated,
+                    started,
+                    deadline,
+                };
                 for (ki, v) in r.verdicts.iter().enumerate() {
-                    if let Some(c) = v.primary_class() {
-                        to_handle.push((ki, c));
-                    }
-                }
-                for (ki, class) in to_handle {
-                    any_finding = true;
-                    let kern = engine.kernels[ki].as_ref();
-                    let raw_sig = corpus::signature(kern.name(), class, &r.case);
-                    // A finding that shows any class already found for this kernel is
-                    // the same bug again (one bug shows as oob_write in one case and as
-                    // oob_write + inf in the next): count it, do not shrink or save it.
-                    let known = r.verdicts[ki].finding_classes().into_iter().find_map(|c| {
-                        by_signature
-                            .get(&corpus::signature(kern.name(), c, &r.case))
-                            .copied()
-                    });
-                    if let Some(fi) = known {
-                        findings[fi].occurrences += 1;
+                    if v.primary_class().is_none() {
                         continue;
                     }
-                    detections.push(Detection {
-                        signature: raw_sig.clone(),
-                        class,
-                        cases: generated,
-                        secs: started.elapsed().as_secs_f64(),
-                    });
-                    progress.println(&format!(
-                        "finding: {} {} on case {} (seed {:#x}); shrinking...",
-                        kern.name(),
-                        class,
-                        r.k,
-                        r.seed
-                    ));
-                    let t_shrink = Instant::now();
-                    // The campaign budget is a deadline CI relies on: shrinking gets what is
-                    // left of it (at least a second, so a late finding is still simplified
-                    // a little), never the full per-finding budget past the deadline.
-                    let shrink_budget = deadline.map_or(cfg.shrink_budget, |d| {
-                        d.saturating_duration_since(Instant::now())
-                            .max(Duration::from_secs(1))
-                            .min(cfg.shrink_budget)
-                    });
-                    let shrunk = if cfg.shrink {
-                        shrink::shrink(
-                            &engine,
-                            kern,
-                            class,
-                            (r.k, r.seed),
-                            &r.case,
-                            &r.verdicts[ki],
-                            shrink_budget,
-                        )
-                    } else {
-                        shrink::Shrunk {
+                    any_finding = true;
+                    book.file(
+                        &mut ctx,
+                        book::Subject::Kernel(engine.kernels[ki].as_ref()),
+                        book::Failure {
                             recipe: r.recipe.clone(),
                             case: r.case.clone(),
-                            verdict: r.verdicts[ki].clone(),
-                            steps: 0,
-                            shrunk: false,
-                        }
-                    };
-                    timings.shrink_secs += t_shrink.elapsed().as_secs_f64();
-                    let sig = corpus::signature(kern.name(), class, &shrunk.case);
-                    if let Some(&fi) = by_signature.get(&sig) {
-                        findings[fi].occurrences += 1;
-                        by_signature.insert(raw_sig, fi);
-                        continue;
-                    }
-                    let case_file = save_finding(
-                        cfg,
-                        &SaveRequest {
-                            kernels: &[kern.name()],
-                            class,
-                            sig: &sig,
-                            seed: r.seed,
-                            k: r.k,
-                            shrunk: &shrunk,
+                            verdict: v.clone(),
+                            origin: Some((r.k, r.seed)),
+                            parent: None,
                         },
-                        &mut progress,
                     );
-                    let replay = case_file
-                        .as_ref()
-                        .map(|p| replay_command(p, &[kern.name()]))
-                        .unwrap_or_default();
-                    progress.println(&format!(
-                        "  {} {}: {} row(s), {} token(s){}{}",
-                        kern.name(),
-                        crate::cli::verdict_line(&shrunk.verdict),
-                        shrunk.case.rows(),
-                        (0..shrunk.case.shape.batch)
-                            .map(|b| shrunk.case.seq_tokens(b))
-                            .sum::<usize>(),
-                        case_file
-                            .as_ref()
-                            .map(|p| format!("\n  saved {}", p.display()))
-                            .unwrap_or_default(),
-                        if replay.is_empty() {
-                            String::new()
-                        } else {
-                            format!("\n  replay: {replay}")
-                        }
-                    ));
-                    let f = Finding {
-                        signature: sig.clone(),
-                        kernel: kern.name().to_string(),
-                        profile: cfg.profile.name().to_string(),
-                        class: Some(class),
-                        classes: shrunk.verdict.classes.clone(),
-                        case_file: case_file.map(|p| p.display().to_string()),
-                        replay_command: replay,
-                        seed: Some(r.seed),
-                        shrunk: shrunk.shrunk,
-                        rows: shrunk.case.rows(),
-                        tokens: (0..shrunk.case.shape.batch)
-                            .map(|b| shrunk.case.seq_tokens(b) as u64)
-                            .sum(),
-                        occurrences: 1,
-                        verdict: shrunk.verdict,
-                        picture: None,
-                        error_histogram: Vec::new(),
-                    };
-                    by_signature.insert(sig, findings.len());
-                    by_signature.insert(raw_sig, findings.len());
-                    findings.push(f);
                 }
                 if let Some((bi, msg)) = &r.divergence {
                     any_finding = true;
                     let (ka, kb) = (engine.kernels[0].as_ref(), engine.kernels[*bi].as_ref());
-                    let pair = pair_name(ka.name(), kb.name());
-                    let sig = corpus::signature(&pair, Class::Divergent, &r.case);
-                    if let Some(&fi) = by_signature.get(&sig) {
-                        findings[fi].occurrences += 1;
-                    } else {
-                        progress.println(&format!(
-                            "finding: {pair} divergent on case {} (seed {:#x}): {msg}; shrinking...",
-                            r.k, r.seed
-                        ));
-                        detections.push(Detection {
-                            signature: sig.clone(),
-                            class: Class::Divergent,
-                            cases: generated,
-                            secs: started.elapsed().as_secs_f64(),
-                        });
-                        let t_shrink = Instant::now();
-                        let verdict = divergent_verdict(msg);
-                        let shrunk = if cfg.shrink {
-                            let shrink_budget = deadline.map_or(cfg.shrink_budget, |d| {
-                                d.saturating_duration_since(Instant::now())
-                                    .max(Duration::from_secs(1))
-                                    .min(cfg.shrink_budget)
-                            });
-                            shrink::shrink_with(
-                                &engine,
-                                &|cand: &Case| {
-                                    diverges(&engine.cfg.oracle, ka, kb, cand)
-                                        .map(|m| divergent_verdict(&m))
-                                },
-                                (r.k, r.seed),
-                                &r.case,
-                                &verdict,
-                                shrink_budget,
-                            )
-                        } else {
-                            shrink::Shrunk {
-                                recipe: r.recipe.clone(),
-                                case: r.case.clone(),
-                                verdict,
-                                steps: 0,
-                                shrunk: false,
-                            }
-                        };
-                        timings.shrink_secs += t_shrink.elapsed().as_secs_f64();
-                        let case_file = save_finding(
-                            cfg,
-                            &SaveRequest {
-                                kernels: &[ka.name(), kb.name()],
-                                class: Class::Divergent,
-                                sig: &sig,
-                                seed: r.seed,
-                                k: r.k,
-                                shrunk: &shrunk,
-                            },
-                            &mut progress,
-                        );
-                        let replay = case_file
-                            .as_ref()
-                            .map(|p| replay_command(p, &[ka.name(), kb.name()]))
-                            .unwrap_or_default();
-                        progress.println(&format!(
-                            "  {pair}: {} row(s){}{}",
-                            shrunk.case.rows(),
-                            case_file
-                                .as_ref()
-                                .map(|p| format!("\n  saved {}", p.display()))
-                                .unwrap_or_default(),
-                            if replay.is_empty() {
-                                String::new()
-                            } else {
-                                format!("\n  replay: {replay}")
-                            }
-                        ));
-                        by_signature.insert(sig.clone(), findings.len());
-                        findings.push(Finding {
-                            signature: sig,
-                            kernel: pair,
-                            profile: cfg.profile.name().to_string(),
-                            class: Some(Class::Divergent),
-                            classes: shrunk.verdict.classes.clone(),
-                            case_file: case_file.map(|p| p.display().to_string()),
-                            replay_command: replay,
-                            seed: Some(r.seed),
-                            shrunk: shrunk.shrunk,
-                            rows: shrunk.case.rows(),
-                            tokens: (0..shrunk.case.shape.batch)
-                                .map(|b| shrunk.case.seq_tokens(b) as u64)
-                                .sum(),
-                            occurrences: 1,
-                            verdict: shrunk.verdict,
-                            ..Default::default()
-                        });
-                    }
+                    book.file(
+                        &mut ctx,
+                        book::Subject::Pair(ka, kb),
+                        book::Failure {
+                            recipe: r.recipe.clone(),
+                            case: r.case.clone(),
+                            verdict: divergent_verdict(msg),
+                            origin: Some((r.k, r.seed)),
+                            parent: None,
+                        },
+                    );
                 }
-                progress.update(generated, findings.len(), "");
-                if cfg.stop_after_findings.is_some_and(|n| findings.len() >= n) {
+                progress.update(generated, book.distinct(), "");
+                if cfg
+                    .stop_after_findings
+                    .is_some_and(|n| book.distinct() >= n)
+                {
                     stop.store(true, Ordering::SeqCst);
                 }
             }
@@ -932,7 +729,8 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
     }
     progress.finish();
     report.counts.cases_generated = generated;
-    report.findings = findings;
+    let detections = std::mem::take(&mut book.detections);
+    report.findings = book.into_findings();
     report.interrupted = interrupt::requested() && env_error.is_none();
     report.finished_unix = crate::util::unix_now();
     timings.wall_secs = started.elapsed().as_secs_f64();

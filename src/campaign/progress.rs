@@ -44,7 +44,7 @@ impl Progress {
     pub fn update(&mut self, cases: u64, findings: usize, phase: &str) {
         if let Some(b) = &self.bar {
             b.set_position(cases);
-            b.set_message(format!("{findings} finding(s) {phase}"));
+            b.set_message(format!("{findings} distinct bug(s) {phase}"));
         } else if self.plain && self.last_line.elapsed() >= Duration::from_secs(10) {
             self.last_line = Instant::now();
             let el = self.start.elapsed().as_secs_f64();
@@ -52,7 +52,7 @@ impl Progress {
                 .budget
                 .map(|b| format!(" of {:.0}s", b.as_secs_f64()))
                 .unwrap_or_default();
-            eprintln!("mqa-fuzz: {el:.0}s{budget}: {cases} cases ({:.1}/s), {findings} finding(s) {phase}", cases as f64 / el.max(1e-9));
+            eprintln!("mqa-fuzz: {el:.0}s{budget}: {cases} cases ({:.1}/s), {findings} distinct bug(s) {phase}", cases as f64 / el.max(1e-9));
         }
     }
 

@@ -1,15 +1,17 @@
 //! Shrinking: proptest's value tree of the failing case's seed is simplified step by
-//! step; a step is kept when the same kernel still shows the same class. Because every
-//! strategy component shrinks toward its simplest value (fewer sequences, length 0,
-//! one head, the first alternative), the result has the fewest rows, shortest lengths
-//! and smallest shapes that still fail. An interrupt or the time budget ends shrinking
-//! with the best case so far, which is always a real failing case.
+//! step; a step is kept only when it still shows the *same bug*: the original class
+//! and, for a crash, the same normalised reason ([`crate::finding::shows`]). A step
+//! that fails differently is another bug: it is rejected here and handed back in
+//! [`Shrunk::others`], for the finding book to file as a finding of its own. Because
+//! every strategy component shrinks toward its simplest value (fewer sequences, length
+//! 0, one head, the first alternative), the result has the fewest rows, shortest
+//! lengths and smallest shapes that still fail. An interrupt or the time budget ends
+//! shrinking with the best case so far, which is always a real failing case.
 
 use super::{interrupt, value_tree, Engine};
 use crate::case::Case;
+use crate::finding::crash_reason;
 use crate::generate::Recipe;
-use crate::harness::{self, ReferenceCache};
-use crate::kernel::Kernel;
 use crate::oracle::{Class, Verdict};
 use std::time::{Duration, Instant};
 
@@ -19,81 +21,75 @@ pub struct Shrunk {
     pub verdict: Verdict,
     pub steps: u32,
     pub shrunk: bool,
+    /// Candidates that failed with another class or crash reason (one per pair).
+    pub others: Vec<(Recipe, Case, Verdict)>,
+}
+
+impl Shrunk {
+    /// The unshrunk failure as it is.
+    pub fn unshrunk(recipe: &Recipe, case: &Case, verdict: &Verdict) -> Shrunk {
+        Shrunk {
+            recipe: recipe.clone(),
+            case: case.clone(),
+            verdict: verdict.clone(),
+            steps: 0,
+            shrunk: false,
+            others: Vec::new(),
+        }
+    }
 }
 
 /// Largest number of candidate cases tried for one finding.
 const MAX_STEPS: u32 = 2000;
 
+/// Shrinks the failure of case `(k, seed)`: `run` judges a candidate, `keep` says
+/// whether its verdict still shows the bug being shrunk.
 pub(super) fn shrink(
     engine: &Engine,
-    kern: &dyn Kernel,
-    class: Class,
-    origin: (u64, u64),
-    case: &Case,
-    verdict: &Verdict,
-    budget: Duration,
-) -> Shrunk {
-    shrink_with(
-        engine,
-        &|cand: &Case| {
-            let mut refs = ReferenceCache::new(cand);
-            let j = harness::run_and_judge(kern, cand, &mut refs, &engine.cfg.oracle);
-            j.verdict.classes.contains_key(&class).then_some(j.verdict)
-        },
-        origin,
-        case,
-        verdict,
-        budget,
-    )
-}
-
-/// [`shrink`] with any failure test: `fails` returns the candidate's verdict when it
-/// still shows the failure (a divergence between two kernels is shrunk this way).
-pub(super) fn shrink_with(
-    engine: &Engine,
-    fails: &dyn Fn(&Case) -> Option<Verdict>,
+    run: &dyn Fn(&Case) -> Verdict,
+    keep: &dyn Fn(&Verdict) -> bool,
     (k, seed): (u64, u64),
-    case: &Case,
-    verdict: &Verdict,
+    start: (&Case, &Verdict),
     budget: Duration,
 ) -> Shrunk {
-    let start = Instant::now();
+    let began = Instant::now();
     let mut tree = value_tree(&engine.strategy(k), seed);
     let (recipe, _, _) = engine.materialize(&tree.current());
-    let mut best = Shrunk {
-        recipe,
-        case: case.clone(),
-        verdict: verdict.clone(),
-        steps: 0,
-        shrunk: false,
-    };
+    let mut best = Shrunk::unshrunk(&recipe, start.0, start.1);
     if !tree.simplify() {
         return best;
     }
+    let mut seen: Vec<(Class, Option<String>)> = Vec::new();
     let mut steps = 0;
     loop {
-        if interrupt::requested() || start.elapsed() >= budget || steps >= MAX_STEPS {
+        if interrupt::requested() || began.elapsed() >= budget || steps >= MAX_STEPS {
             break;
         }
         steps += 1;
         let (recipe, cand, _) = engine.materialize(&tree.current());
-        let fails = cand.validate().is_ok() && {
-            match fails(&cand) {
-                Some(verdict) => {
-                    if size(&cand) <= size(&best.case) {
-                        best = Shrunk {
-                            recipe,
-                            case: cand,
-                            verdict,
-                            steps,
-                            shrunk: true,
-                        };
-                    }
-                    true
+        let mut fails = false;
+        if cand.validate().is_ok() {
+            let verdict = run(&cand);
+            if keep(&verdict) {
+                fails = true;
+                if size(&cand) <= size(&best.case) {
+                    best = Shrunk {
+                        recipe,
+                        case: cand,
+                        verdict,
+                        steps,
+                        shrunk: true,
+                        others: std::mem::take(&mut best.others),
+                    };
                 }
-                None => false,
+            } else if let Some(class) = verdict.primary_class() {
+                let id = (class, crash_reason(&verdict));
+                if !seen.contains(&id) {
+                    seen.push(id);
+                    best.others.push((recipe, cand, verdict));
+                }
             }
-        };
+        }
         let more = if fails {
             tree.simplify()
         } else {

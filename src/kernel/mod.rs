@@ -218,6 +218,18 @@ pub fn registry() -> Vec<KernelEntry> {
     v
 }
 
+/// Whether `name` is a planted-bug kernel: listed as one, or planted bugs composed
+/// (`cpu:bug-A+B`, which the registry does not list).
+pub fn is_planted_bug(name: &str) -> bool {
+    registry().iter().any(|e| e.name == name && e.planted_bug)
+        || ["cpu:bug-", "cuda:bug-", "cuda-direct:bug-"]
+            .iter()
+            .any(|p| {
+                name.strip_prefix(p)
+                    .is_some_and(|b| cpu::Plant::parse_set(b).is_some())
+            })
+}
+
 /// Opens a kernel by name.
 pub fn open(name: &str) -> Result<Box<dyn Kernel>, OpenError> {
     if let Some(k) = cpu::open(name) {

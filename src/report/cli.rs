@@ -59,7 +59,7 @@ pub fn cmd_merge(dirs: &[PathBuf], out: &Path) -> Result<i32, Fatal> {
     }
     crate::outln!("{}", headline(&merged));
     crate::outln!(
-        "merged {} report(s), {} distinct finding(s) into {}",
+        "merged {} report(s), {} distinct bug(s) into {}",
         reports.len(),
         merged.findings.len(),
         out.display()

@@ -46,6 +46,40 @@ fn better(a: &Finding, b: &Finding) -> bool {
     (!a.shrunk, a.tokens, a.rows) < (!b.shrunk, b.tokens, b.rows)
 }
 
+/// The same bug found by two shards on cases of different specialness: same kernel and
+/// crash reason, the same class (or two value classes of a bug with a trigger), and one
+/// trigger contains the other (the campaign's own rule, see `campaign::book`). The finding with the smaller trigger is kept, occurrences add.
+fn fold_special_cases(findings: &mut Vec<Finding>) {
+    let within = |a: &[String], b: &[String]| a.iter().all(|x| b.contains(x));
+    let same = |a: &Finding, b: &Finding| {
+        let value = |c: Option<crate::oracle::Class>| {
+            use crate::oracle::Class::*;
+            matches!(c, Some(Mismatch | Nan | Inf | Unwritten))
+        };
+        let cross =
+            !a.trigger.is_empty() && !b.trigger.is_empty() && value(a.class) && value(b.class);
+        a.kernel == b.kernel && (a.class == b.class || cross) && a.reason == b.reason
+    };
+    let mut i = 0;
+    while i < findings.len() {
+        let general = (0..findings.len()).find(|&j| {
+            j != i
+                && same(&findings[i], &findings[j])
+                && within(&findings[j].trigger, &findings[i].trigger)
+                && (findings[j].trigger.len() < findings[i].trigger.len() || j < i)
+        });
+        match general {
+            Some(j) => {
+                let f = findings.remove(i);
+                let j = if j > i { j - 1 } else { j };
+                findings[j].occurrences += f.occurrences;
+                i = 0;
+            }
+            None => i += 1,
+        }
+    }
+}
+
 fn join_distinct<'a>(items: impl Iterator<Item = &'a str>) -> String {
     let mut seen = Vec::new();
     for s in items.filter(|s| !s.is_empty()) {
@@ -155,6 +189,7 @@ pub fn merge(reports: &[Report]) -> Report {
             }
         }
     }
+    fold_special_cases(&mut m.findings);
     m.merged_shards = shards.into_iter().collect();
     m.run_id = if runs.len() == 1 {
         runs[0].clone()

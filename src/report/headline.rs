@@ -304,6 +304,63 @@ pub fn show_us(us: f64) -> String {
     }
 }
 
+/// The bugs of a report in one line, by tier: `2 distinct bugs (production 1, api 0,
+/// hostile 1)`.
+pub fn bugs_line(r: &Report) -> String {
+    use crate::finding::Tier;
+    let by: Vec<String> = Tier::ALL
+        .iter()
+        .map(|t| {
+            format!(
+                "{} {}",
+                t.name(),
+                r.findings.iter().filter(|f| f.tier == *t).count()
+            )
+        })
+        .collect();
+    format!(
+        "{} ({})",
+        plural(r.findings.len() as u64, "distinct bug", "distinct bugs"),
+        by.join(", ")
+    )
+}
+
+/// The guard verdict per tier, production first: whether a bug reachable from that
+/// tier's inputs (a finding of that tier or a more benign one) leaves NaN or ±inf in
+/// V(r) that `nan_to_num` after the kernel would change. "Can our engine drop the
+/// guard" is the production entry.
+pub fn guard_by_tier(r: &Report) -> String {
+    use crate::finding::Tier;
+    let parts: Vec<String> = Tier::ALL
+        .iter()
+        .map(|t| {
+            let reach: Vec<&crate::report::Finding> =
+                r.findings.iter().filter(|f| f.tier <= *t).collect();
+            let guarded = reach
+                .iter()
+                .filter(|f| {
+                    let g = &f.verdict.guard;
+                    g.nan + g.pos_inf + g.neg_inf > 0
+                })
+                .count() as u64;
+            if guarded > 0 {
+                format!(
+                    "{}: guard NEEDED ({} put NaN/inf into V(r))",
+                    t.name(),
+                    plural(guarded, "bug", "bugs")
+                )
+            } else {
+                format!(
+                    "{}: no bug found needs the guard ({} reachable)",
+                    t.name(),
+                    plural(reach.len() as u64, "bug", "bugs")
+                )
+            }
+        })
+        .collect();
+    format!("guard by tier: {}", parts.join("; "))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -63,7 +63,12 @@ pub fn index_html(r: &Report) -> String {
     }
     // Findings first: the pictures are what a reader came for.
     if !r.findings.is_empty() {
-        let _ = write!(s, "<h2>{} distinct finding(s)</h2>", r.findings.len());
+        let _ = write!(
+            s,
+            "<h2>{}</h2><p>{}</p>",
+            escape(&crate::report::headline::bugs_line(r)),
+            escape(&crate::report::headline::guard_by_tier(r))
+        );
         for (i, f) in r.findings.iter().enumerate() {
             finding_html(&mut s, i, f);
         }
@@ -106,6 +111,9 @@ fn finding_html(s: &mut String, i: usize, f: &Finding) {
     let classes: Vec<String> = f.classes.iter().map(|(c, n)| format!("{c} ×{n}")).collect();
     let rows = [
         ("signature", f.signature.clone()),
+        ("tier", f.tier.name().to_string()),
+        ("trigger", f.needs.clone()),
+        ("first offender at", f.position.join(", ")),
         ("classes", classes.join(", ")),
         ("verdict", crate::cli::verdict_line(&f.verdict)),
         (

@@ -75,8 +75,11 @@ pub fn junit_xml(report: &Report) -> String {
                 ));
                 status.set_type(f.class_name());
                 let mut text = format!(
-                    "signature: {}\n{}\n",
+                    "signature: {}\ntier: {}\n{}\nfirst offender at: {}\n{}\n",
                     f.signature,
+                    f.tier.name(),
+                    f.needs,
+                    f.position.join(", "),
                     crate::cli::verdict_line(&f.verdict)
                 );
                 for ex in &f.verdict.examples {

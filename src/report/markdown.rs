@@ -127,19 +127,26 @@ pub fn summary_md(r: &Report) -> String {
         }
     }
     if !r.findings.is_empty() {
-        let _ = writeln!(s, "\n## {} distinct finding(s)\n", r.findings.len());
+        let _ = writeln!(s, "\n## {}\n", crate::report::headline::bugs_line(r));
+        let _ = writeln!(s, "{}\n", crate::report::headline::guard_by_tier(r));
         let _ = writeln!(
             s,
-            "| kernel | profile | class | cases | shrunk | rows × tokens | replay |"
+            "| kernel | profile | class | tier | trigger | cases | shrunk | rows × tokens | replay |"
         );
-        let _ = writeln!(s, "|---|---|---|---:|---|---|---|");
+        let _ = writeln!(s, "|---|---|---|---|---|---:|---|---|---|");
         for f in r.findings.iter().take(MAX_LISTED) {
             let _ = writeln!(
                 s,
-                "| `{}` | {} | **{}** | {} | {} | {} × {} | `{}` |",
+                "| `{}` | {} | **{}**{} | {} | {} | {} | {} | {} × {} | `{}` |",
                 f.kernel,
                 f.profile,
                 f.class_name(),
+                f.reason
+                    .as_deref()
+                    .map(|r| format!(": {}", r.replace('|', "\\|")))
+                    .unwrap_or_default(),
+                f.tier.name(),
+                f.needs,
                 f.occurrences,
                 if f.shrunk { "yes" } else { "no" },
                 f.rows,

@@ -286,8 +286,24 @@ pub struct GuardSummary {
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 #[serde(default)]
 pub struct Finding {
-    /// Stable identity across runs and releases (what `diff` and `merge` key on).
+    /// Stable identity across runs and releases (what `diff` and `merge` key on):
+    /// kernel, class, crash reason and trigger ([`crate::finding::Signature::key`]).
     pub signature: String,
+    /// Reachability: the least benign tier among the trigger's features.
+    pub tier: crate::finding::Tier,
+    /// The necessary features of the shrunk case ([`crate::finding::Feature`] names),
+    /// empty for a bug that needs nothing special.
+    pub trigger: Vec<String>,
+    /// The trigger in words: `needs: KV byte offset ≥ 2^32; block size 1`.
+    pub needs: String,
+    /// False when ablation ran out of budget: a feature not in `trigger` may be needed.
+    pub trigger_complete: bool,
+    /// The normalised crash reason (crashes only).
+    pub reason: Option<String>,
+    /// Where the first offending position sits ([`crate::finding::position`]):
+    /// `last-valid-position`, `past-valid-range`, `context-start`, `block-edge`,
+    /// `chunk-edge` or `interior`; empty for case-level classes.
+    pub position: Vec<String>,
     pub kernel: String,
     pub profile: String,
     /// The primary class (for titles and sorting); an `Option` only so that the struct

@@ -141,6 +141,7 @@ pub fn campaign_with(
             picture: Some(class_map(&case, reference, k.capabilities(), &out)),
             error_histogram: error_histogram(&case, reference, k.capabilities(), &out),
             verdict: v,
+            ..Default::default()
         });
     }
     report

@@ -97,6 +97,20 @@ impl Plant {
         }
     }
 
+    /// Planted bugs composed with `+` (`offset32-kv+scale-before-relu`): each at most
+    /// once, in the order given. `None` for an unknown name, a repeat or an empty list.
+    pub fn parse_set(s: &str) -> Option<Vec<Plant>> {
+        let mut v: Vec<Plant> = Vec::new();
+        for part in s.split('+') {
+            let p = Plant::parse(part)?;
+            if v.contains(&p) {
+                return None;
+            }
+            v.push(p);
+        }
+        Some(v)
+    }
+
     /// The real-world failure this reproduces.
     pub fn describe(self) -> &'static str {
         match self {
@@ -118,7 +132,8 @@ impl Plant {
 
 pub struct ChunkedKernel {
     name: String,
-    plant: Option<Plant>,
+    /// The planted bugs, composed (empty: the clean kernel).
+    plants: Vec<Plant>,
     /// Plain loop over V(r) instead of chunks and schedule.
     naive: bool,
     caps: Capabilities,
@@ -126,13 +141,21 @@ pub struct ChunkedKernel {
 
 impl ChunkedKernel {
     pub fn new(plant: Option<Plant>) -> Self {
-        let name = match plant {
-            None => "cpu:chunked".to_string(),
-            Some(p) => format!("cpu:bug-{}", p.name()),
+        Self::with_plants(plant.into_iter().collect())
+    }
+
+    /// The chunked kernel with every bug of `plants` planted at once (`cpu:bug-A+B`):
+    /// the bugs are independent edits, so each fails through its own mechanism.
+    pub fn with_plants(plants: Vec<Plant>) -> Self {
+        let name = if plants.is_empty() {
+            "cpu:chunked".to_string()
+        } else {
+            let names: Vec<&str> = plants.iter().map(|p| p.name()).collect();
+            format!("cpu:bug-{}", names.join("+"))
         };
         ChunkedKernel {
             name,
-            plant,
+            plants,
             naive: false,
             caps: Capabilities::everything(ScalePlacement::AfterReluSum),
         }
@@ -141,14 +164,14 @@ impl ChunkedKernel {
     pub fn naive() -> Self {
         ChunkedKernel {
             name: "cpu:naive".into(),
-            plant: None,
+            plants: Vec::new(),
             naive: true,
             caps: Capabilities::everything(ScalePlacement::AfterReluSum),
         }
     }
 
     fn has(&self, p: Plant) -> bool {
-        self.plant == Some(p)
+        self.plants.contains(&p)
     }
 
     /// V(r) length as this kernel believes it.

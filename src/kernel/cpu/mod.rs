@@ -1,6 +1,7 @@
 //! CPU kernels: implementations of the production algorithm (`cpu:chunked`), a plain
 //! one (`cpu:naive`), and the planted bugs (`cpu:bug-*`) as variants of the chunked
 //! code, so each mutant lives in realistic code and fails through its real mechanism.
+//! Bugs compose: `cpu:bug-A+B` plants both A and B.
 
 mod chunked;
 mod device_view;
@@ -42,8 +43,11 @@ pub fn open(name: &str) -> Option<Box<dyn Kernel>> {
         "cpu:chunked" => Some(Box::new(ChunkedKernel::new(None))),
         "cpu:naive" => Some(Box::new(ChunkedKernel::naive())),
         _ => {
-            let bug = name.strip_prefix("cpu:bug-")?;
-            Plant::parse(bug).map(|p| Box::new(ChunkedKernel::new(Some(p))) as Box<dyn Kernel>)
+            // `cpu:bug-A+B`: several planted bugs in one kernel (not listed in the
+            // registry, which names each bug once).
+            let bugs = name.strip_prefix("cpu:bug-")?;
+            Plant::parse_set(bugs)
+                .map(|v| Box::new(ChunkedKernel::with_plants(v)) as Box<dyn Kernel>)
         }
     }
 }

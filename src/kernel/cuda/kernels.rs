@@ -29,6 +29,9 @@ pub const TILED_REL: f64 = 1.0 / 1_048_576.0;
 pub enum Variant {
     Naive,
     Tiled(Option<Plant>),
+    /// `cuda:tiled` with two planted bugs at once (`bug-A+B`): each is a define of its
+    /// own line of `tiled.cu`, so they compose. Opened by name; not listed.
+    TiledTwo(Plant, Plant),
 }
 
 impl Variant {
@@ -37,6 +40,7 @@ impl Variant {
             Variant::Naive => "naive".into(),
             Variant::Tiled(None) => "tiled".into(),
             Variant::Tiled(Some(p)) => format!("bug-{}", p.name()),
+            Variant::TiledTwo(a, b) => format!("bug-{}+{}", a.name(), b.name()),
         }
     }
 
@@ -44,7 +48,11 @@ impl Variant {
         match s {
             "naive" => Some(Variant::Naive),
             "tiled" => Some(Variant::Tiled(None)),
-            _ => Plant::parse(s.strip_prefix("bug-")?).map(|p| Variant::Tiled(Some(p))),
+            _ => match Plant::parse_set(s.strip_prefix("bug-")?)?.as_slice() {
+                [p] => Some(Variant::Tiled(Some(*p))),
+                [a, b] => Some(Variant::TiledTwo(*a, *b)),
+                _ => None,
+            },
         }
     }
 
@@ -59,13 +67,18 @@ impl Variant {
             Variant::Naive => "CUDA, one thread per logit: decode tables, exact products, f32 sums, 64-bit addressing, writes exactly V(r)".into(),
             Variant::Tiled(None) => "CUDA production-style: fp8 tensor-core MMA (f16 for e4m3fnuz), ChunkK=256, split-KV schedule over the SMs, chunked stores with -inf masks".into(),
             Variant::Tiled(Some(p)) => format!("planted bug in cuda:tiled: {}", p.describe()),
+            Variant::TiledTwo(a, b) => format!(
+                "two planted bugs in cuda:tiled: {}; and {}",
+                a.describe(),
+                b.describe()
+            ),
         }
     }
 
     pub fn capabilities(self) -> Capabilities {
         let mut c = Capabilities::everything(ScalePlacement::AfterReluSum);
         c.nan_behaviour = "naive: NaN propagates through dot, relu and head sum".into();
-        if let Variant::Tiled(_) = self {
+        if let Variant::Tiled(_) | Variant::TiledTwo(..) = self {
             c.block_sizes = BlockSizes::Any;
             c.next_n = (1, 4);
             c.heads = Some(vec![32, 64, 128]);
@@ -88,7 +101,12 @@ impl Variant {
                 ((s.format == Fp8Format::E4m3fnuz) as u8).to_string(),
             ),
         ];
-        if let Variant::Tiled(Some(p)) = self {
+        let plants = match self {
+            Variant::Tiled(Some(p)) => vec![p],
+            Variant::TiledTwo(a, b) => vec![a, b],
+            _ => Vec::new(),
+        };
+        for p in plants {
             d.push((
                 format!("BUG_{}", p.name().to_uppercase().replace('-', "_")),
                 "1".into(),
@@ -147,7 +165,7 @@ pub fn launch_variant(
             launch(&f, (gx, gy, 1), 128, 0, &mut [&mut p])?;
             timer.stop().map_err(failure)?;
         }
-        Variant::Tiled(_) => {
+        Variant::Tiled(_) | Variant::TiledTwo(..) => {
             let defines = variant.defines_for(case);
             let sched = gpu
                 .function(Program::Tiled, "tiled_schedule", &defines)

@@ -223,6 +223,18 @@ mod tests {
             Variant::all().len(),
             2 + crate::kernel::cpu::Plant::ALL.len()
         );
+        // Two planted bugs compose: both defines, one name.
+        let two = Variant::parse("bug-offset32-kv+scale-before-relu").unwrap();
+        assert_eq!(Variant::parse(&two.short_name()), Some(two));
+        assert!(crate::kernel::is_planted_bug(
+            "cuda:bug-offset32-kv+scale-before-relu"
+        ));
+        let case = crate::generate::Recipe::small(vec![4], 1, 1).materialize();
+        let d = two.defines_for(&case);
+        for bug in ["BUG_OFFSET32_KV", "BUG_SCALE_BEFORE_RELU"] {
+            assert!(d.iter().any(|(k, _)| k == bug), "{d:?}");
+        }
+        assert_eq!(Variant::parse("bug-offset32-kv+offset32-kv"), None);
     }
 
     /// Every kernel source compiles with NVRTC for Hopper (when NVRTC is installed;
@@ -236,5 +248,10 @@ mod tests {
         for p in compile::Program::ALL {
             compile::cubin(p, "sm_90a", &vec![]).unwrap_or_else(|e| panic!("{e}"));
         }
+        // The selftest's double-bug kernel: both planted lines at once.
+        let case = crate::generate::Recipe::small(vec![4], 1, 1).materialize();
+        let two = Variant::parse("bug-offset32-kv+scale-before-relu").unwrap();
+        compile::cubin(compile::Program::Tiled, "sm_90a", &two.defines_for(&case))
+            .unwrap_or_else(|e| panic!("{e}"));
     }
 }

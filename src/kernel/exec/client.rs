@@ -224,7 +224,9 @@ impl Worker {
     }
 
     /// Kills the whole process group and reaps the shell; returns how it ended.
-    fn kill(mut self) -> String {
+    /// Kills the worker and waits (briefly) for its stderr to drain, so that
+    /// [`Worker::stderr_tail`] read afterwards holds its last words (a crash reason).
+    fn kill(&mut self) -> String {
         let pid = self.child.id() as i32;
         // SAFETY: plain syscall on the process group this worker created (its leader's id).
         unsafe {
@@ -515,9 +517,9 @@ impl ExecKernel {
                 }
             }
         };
-        let w = slot.worker.take().expect("worker started");
-        let tail = w.stderr_tail();
+        let mut w = slot.worker.take().expect("worker started");
         let status = w.kill();
+        let tail = w.stderr_tail();
         let stderr = if tail.is_empty() {
             "(stderr empty)".to_string()
         } else {
@@ -540,8 +542,8 @@ fn start_worker(cfg: &ExecConfig, slot: &mut Slot, what: &str) -> Result<Hello, 
             Ok(h)
         }
         Err(e) => {
-            let tail = w.stderr_tail();
             let status = w.kill();
+            let tail = w.stderr_tail();
             let add = |m: String| {
                 if tail.is_empty() {
                     format!("{what} `{}`: {m} ({status})", cfg.command)

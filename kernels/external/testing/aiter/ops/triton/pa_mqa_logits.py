@@ -14,6 +14,8 @@ import os
 import torch
 
 MQA_FUZZ_FAKE = True
+# AITER dispatches on this flag; the fake writes like the Gluon kernel.
+enable_gluon_pa_mqa_logits = True
 
 
 def deepgemm_fp8_paged_mqa_logits_schedule(batch_size, next_n, context_lens, max_model_len, ChunkK, TotalCuCount, WavePerEU):

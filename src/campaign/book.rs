@@ -1,0 +1,580 @@
+//! The finding book: every failure of a campaign goes through [`Book::file`], which
+//! decides which bug it is. A failure that a known finding explains (same kernel, class
+//! and crash reason; the case has every feature of the finding's trigger) is one more
+//! occurrence. Anything else is shrunk (keeping its class and crash reason), ablated
+//! (its [`Trigger`]: the features it needs) and given its [`Signature`]; a signature
+//! not yet in the book is a new finding with a corpus file of its own. Failures of
+//! another bug met while shrinking are filed the same way, so none is lost.
+
+use super::progress::Progress;
+use super::shrink::{self, Shrunk};
+use super::{
+    divergent_verdict, diverges, replay_command, save_finding, Detection, Engine, SaveRequest,
+};
+use crate::case::Case;
+use crate::finding::{ablate, crash_reason, features_of, shows, Feature, Signature, Trigger};
+use crate::generate::Recipe;
+use crate::harness::{self, ReferenceCache};
+use crate::kernel::Kernel;
+use crate::oracle::{Class, Verdict};
+use crate::report::{Finding, Timings};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// What failed: one kernel, or two kernels that disagree (a divergence).
+#[derive(Clone, Copy)]
+pub(super) enum Subject<'k> {
+    Kernel(&'k dyn Kernel),
+    Pair(&'k dyn Kernel, &'k dyn Kernel),
+}
+
+impl Subject<'_> {
+    pub fn name(&self) -> String {
+        match self {
+            Subject::Kernel(k) => k.name().to_string(),
+            Subject::Pair(a, b) => super::pair_name(a.name(), b.name()),
+        }
+    }
+
+    fn kernels(&self) -> Vec<&str> {
+        match self {
+            Subject::Kernel(k) => vec![k.name()],
+            Subject::Pair(a, b) => vec![a.name(), b.name()],
+        }
+    }
+
+    /// Runs and judges a candidate case (a divergence: runs both and compares).
+    fn judge(&self, engine: &Engine, case: &Case) -> Verdict {
+        match self {
+            Subject::Kernel(k) => {
+                let mut refs = ReferenceCache::new(case);
+                harness::run_and_judge(*k, case, &mut refs, &engine.cfg.oracle).verdict
+            }
+            Subject::Pair(a, b) => diverges(&engine.cfg.oracle, *a, *b, case)
+                .map(|m| divergent_verdict(&m))
+                .unwrap_or_default(),
+        }
+    }
+}
+
+/// Whether findings of classes `a` and `b` (with `trigger`) can be one bug: the same
+/// class; or two value classes (`mismatch`, `nan`, `inf`, `unwritten`) of a bug that
+/// needs something special: a wrapped offset reads poisoned bytes (nan) in one case and
+/// another block's values (mismatch) in the next, and one 2-D-lengths bug shows as
+/// mismatch, unwritten and nan. Crashes and contract classes stay apart.
+pub(crate) fn same_bug_classes(a: Class, b: Class, trigger: &[Feature]) -> bool {
+    let value = |c: Class| {
+        matches!(
+            c,
+            Class::Mismatch | Class::Nan | Class::Inf | Class::Unwritten
+        )
+    };
+    a == b || (!trigger.is_empty() && value(a) && value(b))
+}
+
+/// The smaller of two triggers (what two findings to be merged both need).
+fn smaller<'t>(a: &'t [Feature], b: &'t [Feature]) -> &'t [Feature] {
+    if a.len() <= b.len() {
+        a
+    } else {
+        b
+    }
+}
+
+/// An ablation run's answer ([`ablate`]): the failure still shows, the case is clean,
+/// or neither (skipped, or another failure that may hide this one).
+fn ablation_outcome(v: &Verdict, keep: &dyn Fn(&Verdict) -> bool) -> Option<bool> {
+    if v.skipped.is_some() {
+        None
+    } else if keep(v) {
+        Some(true)
+    } else if v.is_clean() {
+        Some(false)
+    } else {
+        None
+    }
+}
+
+/// One failing case to file.
+pub(super) struct Failure {
+    pub recipe: Recipe,
+    pub case: Case,
+    pub verdict: Verdict,
+    /// The campaign case `(k, seed)` it came from; `None` for a case that cannot be
+    /// regenerated from a seed (met while shrinking another), which is not shrunk.
+    pub origin: Option<(u64, u64)>,
+    /// For a case met while shrinking: the campaign case whose shrinking met it (for
+    /// the corpus file's note).
+    pub parent: Option<(u64, u64)>,
+}
+
+/// What the campaign lends the book for one failure.
+pub(super) struct Ctx<'a, 'e> {
+    pub engine: &'a Engine<'e>,
+    pub progress: &'a mut Progress,
+    pub timings: &'a mut Timings,
+    /// Generated cases so far (for detections).
+    pub generated: u64,
+    pub started: Instant,
+    pub deadline: Option<Instant>,
+}
+
+struct Known {
+    kernel: String,
+    class: Class,
+    reason: Option<String>,
+    trigger: Vec<Feature>,
+    index: usize,
+}
+
+#[derive(Default)]
+pub(super) struct Book {
+    /// Every finding filed; one merged into another by [`Book::generalise`] stays here
+    /// (indices are stable) but is left out of [`Book::into_findings`].
+    findings: Vec<Finding>,
+    /// `merged_into[i]`: the finding that absorbed finding `i` (itself when live).
+    merged_into: Vec<usize>,
+    pub detections: Vec<Detection>,
+    by_key: HashMap<String, usize>,
+    known: Vec<Known>,
+    /// Failures already filed, by kernel, class, reason and the case's feature set: the
+    /// same raw failure is not shrunk twice.
+    raw: HashMap<String, usize>,
+}
+
+impl Book {
+    /// Distinct bugs so far.
+    pub fn distinct(&self) -> usize {
+        (0..self.findings.len())
+            .filter(|&i| self.merged_into[i] == i)
+            .count()
+    }
+
+    /// The live finding that index `i` stands for.
+    fn live(&self, mut i: usize) -> usize {
+        while self.merged_into[i] != i {
+            i = self.merged_into[i];
+        }
+        i
+    }
+
+    fn count(&mut self, i: usize) {
+        let i = self.live(i);
+        self.findings[i].occurrences += 1;
+    }
+
+    /// The distinct findings, in the order they were made.
+    pub fn into_findings(self) -> Vec<Finding> {
+        let merged = self.merged_into;
+        self.findings
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| merged[*i] == *i)
+            .map(|(_, f)| f)
+            .collect()
+    }
+
+    /// The finding that explains `v` on a case with features `feats`, if any.
+    fn explained(&self, name: &str, v: &Verdict, feats: &[Feature]) -> Option<usize> {
+        let reason = crash_reason(v);
+        v.finding_classes().into_iter().find_map(|c| {
+            let r = if c == Class::Crash {
+                reason.clone()
+            } else {
+                None
+            };
+            self.known
+                .iter()
+                .find(|k| {
+                    self.merged_into[k.index] == k.index
+                        && k.kernel == name
+                        && same_bug_classes(k.class, c, &k.trigger)
+                        && k.reason == r
+                        && k.trigger.iter().all(|f| feats.contains(f))
+                })
+                .map(|k| k.index)
+        })
+    }
+
+    /// Files a failure of `subject`: an occurrence of a known bug, or a new finding
+    /// (shrunk, ablated, saved). Returns whether it was a new finding.
+    pub fn file(&mut self, ctx: &mut Ctx, subject: Subject, f: Failure) -> bool {
+        let name = subject.name();
+        let Some(class) = f.verdict.primary_class() else {
+            return false;
+        };
+        let feats = features_of(&f.recipe);
+        if let Some(i) = self.explained(&name, &f.verdict, &feats) {
+            self.count(i);
+            return false;
+        }
+        let reason = if class == Class::Crash {
+            crash_reason(&f.verdict)
+        } else {
+            None
+        };
+        let raw = format!("{name}|{class}|{reason:?}|{feats:?}");
+        if let Some(&i) = self.raw.get(&raw) {
+            self.count(i);
+            return false;
+        }
+        let (k, seed) = f.origin.or(f.parent).unwrap_or((0, f.recipe.seed));
+        ctx.progress.println(&format!(
+            "finding: {name} {class}{} on {}; shrinking...",
+            reason
+                .as_deref()
+                .map(|r| format!(" ({r})"))
+                .unwrap_or_default(),
+            match f.origin {
+                Some(_) => format!("case {k} (seed {seed:#x})"),
+                None => "a case met while shrinking another finding".into(),
+            }
+        ));
+        let cfg = ctx.engine.cfg;
+        let t0 = Instant::now();
+        // The campaign budget is a deadline CI relies on: shrinking and ablation get what
+        // is left of it (at least a second, so a late finding is still simplified a
+        // little), never the full per-finding budget past the deadline. Shrinking takes
+        // three quarters; ablation the rest, plus what shrinking left unused.
+        let budget = ctx.deadline.map_or(cfg.shrink_budget, |d| {
+            d.saturating_duration_since(t0)
+                .max(Duration::from_secs(1))
+                .min(cfg.shrink_budget)
+        });
+        let keep = |v: &Verdict| shows(v, class, reason.as_deref());
+        let engine = ctx.engine;
+        let mut shrunk = match f.origin {
+            Some(origin) if cfg.shrink => shrink::shrink(
+                engine,
+                &|c: &Case| subject.judge(engine, c),
+                &keep,
+                origin,
+                (&f.case, &f.verdict),
+                budget * 3 / 4,
+            ),
+            _ => Shrunk::unshrunk(&f.recipe, &f.case, &f.verdict),
+        };
+        let (trigger, _runs) = if cfg.shrink {
+            ablate(
+                &shrunk.recipe,
+                &mut |c: &Case| ablation_outcome(&subject.judge(engine, c), &keep),
+                // A shrink step on a large case can overrun its three quarters: ablation
+                // still gets a quarter of the budget, so a trigger is not lost to it.
+                (t0 + budget).max(Instant::now() + budget / 4),
+            )
+        } else {
+            (Trigger::default(), 0)
+        };
+        ctx.timings.shrink_secs += t0.elapsed().as_secs_f64();
+        let sig = Signature {
+            kernel: name.clone(),
+            class,
+            reason: reason.clone(),
+            trigger: trigger.features.clone(),
+        };
+        let key = sig.key();
+        let others = std::mem::take(&mut shrunk.others);
+        let same = self
+            .by_key
+            .get(&key)
+            .copied()
+            .map(|i| (i, false))
+            .or_else(|| self.same_bug(&sig));
+        let new = if let Some((i, false)) = same {
+            self.count(i);
+            self.raw.insert(raw, i);
+            false
+        } else {
+            let kernels = subject.kernels();
+            let case_file = save_finding(
+                cfg,
+                &SaveRequest {
+                    kernels: &kernels,
+                    class,
+                    sig: &key,
+                    seed,
+                    k,
+                    shrunk: &shrunk,
+                },
+                ctx.progress,
+            );
+            let finding = self.finding(
+                ctx,
+                &subject,
+                &sig,
+                &trigger,
+                &shrunk,
+                case_file,
+                Some(seed),
+            );
+            match same {
+                Some((i, true)) => {
+                    self.raw.insert(raw, i);
+                    self.generalise(i, sig, finding);
+                    false
+                }
+                _ => {
+                    self.detections.push(Detection {
+                        signature: key.clone(),
+                        class,
+                        cases: ctx.generated,
+                        secs: ctx.started.elapsed().as_secs_f64(),
+                    });
+                    self.raw.insert(raw, self.findings.len());
+                    self.add(sig, finding);
+                    true
+                }
+            }
+        };
+        for (recipe, case, verdict) in others {
+            if cfg
+                .stop_after_findings
+                .is_some_and(|n| self.distinct() >= n)
+            {
+                break;
+            }
+            self.file(
+                ctx,
+                subject,
+                Failure {
+                    recipe,
+                    case,
+                    verdict,
+                    origin: None,
+                    parent: Some((k, seed)),
+                },
+            );
+        }
+        new
+    }
+
+    /// Files a corpus file's failure on replay: its trigger is ablated again from the
+    /// saved recipe (a file without one keeps an empty trigger).
+    pub fn replayed(
+        &mut self,
+        ctx: &mut Ctx,
+        subject: Subject,
+        path: &std::path::Path,
+        file: &crate::case::CaseFile,
+        verdict: Verdict,
+    ) {
+        let Some(class) = verdict.primary_class() else {
+            return;
+        };
+        let name = subject.name();
+        let reason = if class == Class::Crash {
+            crash_reason(&verdict)
+        } else {
+            None
+        };
+        let recipe: Option<Recipe> = file
+            .provenance
+            .recipe
+            .as_ref()
+            .and_then(|r| serde_json::from_value(r.clone()).ok());
+        let engine = ctx.engine;
+        let trigger = match &recipe {
+            Some(r) if engine.cfg.shrink && r.materialize() == file.case => {
+                let t0 = Instant::now();
+                let (t, _) = ablate(
+                    r,
+                    &mut |c: &Case| {
+                        ablation_outcome(&subject.judge(engine, c), &|v: &Verdict| {
+                            shows(v, class, reason.as_deref())
+                        })
+                    },
+                    t0 + engine.cfg.shrink_budget,
+                );
+                ctx.timings.shrink_secs += t0.elapsed().as_secs_f64();
+                t
+            }
+            _ => Trigger::default(),
+        };
+        let sig = Signature {
+            kernel: name,
+            class,
+            reason,
+            trigger: trigger.features.clone(),
+        };
+        if let Some((i, _)) = self
+            .by_key
+            .get(&sig.key())
+            .map(|&i| (i, false))
+            .or_else(|| self.same_bug(&sig))
+        {
+            self.count(i);
+            return;
+        }
+        let shrunk = Shrunk {
+            shrunk: file.provenance.shrunk,
+            ..Shrunk::unshrunk(
+                recipe.as_ref().unwrap_or(&Recipe::small(vec![1], 1, 0)),
+                &file.case,
+                &verdict,
+            )
+        };
+        let mut finding = self.finding(
+            ctx,
+            &subject,
+            &sig,
+            &trigger,
+            &shrunk,
+            Some(path.to_path_buf()),
+            file.provenance.seed,
+        );
+        finding.profile = "corpus".into();
+        self.add(sig, finding);
+    }
+
+    /// A known finding that is the same bug as `sig` though its trigger differs: same
+    /// kernel and reason, classes of one bug ([`same_bug_classes`]), and one trigger
+    /// contains the other (the larger one is
+    /// the bug seen on a more special case, whose extra features only looked necessary
+    /// there). `(index, true)` when `sig`'s trigger is the smaller one: the finding is
+    /// to be generalised to it.
+    fn same_bug(&self, sig: &Signature) -> Option<(usize, bool)> {
+        self.known.iter().find_map(|k| {
+            if self.merged_into[k.index] != k.index
+                || k.kernel != sig.kernel
+                || !same_bug_classes(k.class, sig.class, smaller(&k.trigger, &sig.trigger))
+                || k.reason != sig.reason
+            {
+                return None;
+            }
+            let within = |a: &[Feature], b: &[Feature]| a.iter().all(|f| b.contains(f));
+            if within(&k.trigger, &sig.trigger) {
+                Some((k.index, false))
+            } else if within(&sig.trigger, &k.trigger) {
+                Some((k.index, true))
+            } else {
+                None
+            }
+        })
+    }
+
+    /// Replaces finding `i` by the same bug with a smaller trigger: the new case and
+    /// signature, the occurrences of both. Every other live finding that is this bug on
+    /// a more special case (same kernel, class and reason; its trigger contains the new
+    /// one) is merged into it too. The old corpus files (named by the old signatures)
+    /// are removed, so that the bug keeps one file.
+    fn generalise(&mut self, i: usize, sig: Signature, mut f: Finding) {
+        let within = |a: &[Feature], b: &[Feature]| a.iter().all(|x| b.contains(x));
+        let absorbed: Vec<usize> = self
+            .known
+            .iter()
+            .filter(|k| {
+                self.merged_into[k.index] == k.index
+                    && k.kernel == sig.kernel
+                    && same_bug_classes(k.class, sig.class, &sig.trigger)
+                    && k.reason == sig.reason
+                    && within(&sig.trigger, &k.trigger)
+            })
+            .map(|k| k.index)
+            .collect();
+        for &j in &absorbed {
+            let old = &self.findings[j];
+            f.occurrences += old.occurrences;
+            if let (Some(a), Some(b)) = (&old.case_file, &f.case_file) {
+                if a != b && old.profile != "corpus" {
+                    let _ = std::fs::remove_file(a);
+                }
+            }
+            let old_sig = old.signature.clone();
+            self.detections.retain(|d| d.signature != old_sig || j == i);
+            for d in &mut self.detections {
+                if d.signature == old_sig {
+                    d.signature = f.signature.clone();
+                }
+            }
+            self.merged_into[j] = i;
+        }
+        self.merged_into[i] = i;
+        self.by_key.insert(f.signature.clone(), i);
+        self.known[i].trigger = sig.trigger;
+        self.findings[i] = f;
+    }
+
+    fn add(&mut self, sig: Signature, f: Finding) {
+        let i = self.findings.len();
+        self.by_key.insert(f.signature.clone(), i);
+        self.known.push(Known {
+            kernel: sig.kernel,
+            class: sig.class,
+            reason: sig.reason,
+            trigger: sig.trigger,
+            index: i,
+        });
+        self.findings.push(f);
+        self.merged_into.push(i);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn finding(
+        &self,
+        ctx: &mut Ctx,
+        subject: &Subject,
+        sig: &Signature,
+        trigger: &Trigger,
+        shrunk: &Shrunk,
+        case_file: Option<PathBuf>,
+        seed: Option<u64>,
+    ) -> Finding {
+        let replay = case_file
+            .as_ref()
+            .map(|p| replay_command(p, &subject.kernels()))
+            .unwrap_or_default();
+        let tokens: usize = (0..shrunk.case.shape.batch)
+            .map(|b| shrunk.case.seq_tokens(b))
+            .sum();
+        let tier = trigger.tier(&shrunk.recipe);
+        ctx.progress.println(&format!(
+            "  {} {}: {} row(s), {} token(s); {}; tier {}{}{}",
+            sig.kernel,
+            crate::cli::verdict_line(&shrunk.verdict),
+            shrunk.case.rows(),
+            tokens,
+            trigger.sentence(),
+            tier.name(),
+            case_file
+                .as_ref()
+                .map(|p| format!("\n  saved {}", p.display()))
+                .unwrap_or_default(),
+            if replay.is_empty() {
+                String::new()
+            } else {
+                format!("\n  replay: {replay}")
+            }
+        ));
+        Finding {
+            signature: sig.key(),
+            tier,
+            trigger: trigger
+                .features
+                .iter()
+                .map(|f| f.name().to_string())
+                .collect(),
+            needs: trigger.sentence(),
+            trigger_complete: trigger.complete,
+            reason: sig.reason.clone(),
+            position: crate::finding::position::first_offender_position(
+                &shrunk.case,
+                &shrunk.verdict,
+            ),
+            kernel: sig.kernel.clone(),
+            profile: ctx.engine.cfg.profile.name().to_string(),
+            class: Some(sig.class),
+            classes: shrunk.verdict.classes.clone(),
+            case_file: case_file.map(|p| p.display().to_string()),
+            replay_command: replay,
+            seed,
+            shrunk: shrunk.shrunk,
+            rows: shrunk.case.rows(),
+            tokens: tokens as u64,
+            occurrences: 1,
+            verdict: shrunk.verdict.clone(),
+            picture: None,
+            error_histogram: Vec::new(),
+        }
+    }
+}

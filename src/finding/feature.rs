@@ -1,0 +1,429 @@
+//! The fixed vocabulary of case features a bug can need. Every feature is a property
+//! of a case's recipe with a *benign form*: the same recipe with that one property made
+//! ordinary (lower block ids, an unpadded stride, 1-D lengths, pipeline values, ...).
+//! Ablation ([`super::ablate`]) rewrites a shrunk failing case into each benign form
+//! and re-runs it; a feature whose removal makes the failure go away is necessary, and
+//! the necessary features are the finding's trigger.
+//!
+//! This list is the vocabulary: names are stable (signatures, `report.json`'s
+//! `trigger`), sentences are what reports print after "needs:". It is documented in
+//! `reports/README.md` too; keep the two together.
+
+use crate::case::ValueLayout;
+use crate::fp8::Fp8Format;
+use crate::generate::recipe::{LensRecipe, OffsetClass, Padding, ValueKind};
+use crate::generate::Recipe;
+use serde::{Deserialize, Serialize};
+
+/// Reachability: which inputs a feature (and so a finding that needs it) belongs to:
+/// what an engine feeds (`Production`: 1-D lengths or per-token `[L-N+1 … L]`, valid
+/// tables, pipeline-quantised values), what the documented API allows beyond that
+/// (`Api`: irregular 2-D lengths, -1 table padding, non-pipeline values), or invalid
+/// values (`Hostile`). Ordered from most to least benign.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Tier {
+    #[default]
+    Production,
+    Api,
+    Hostile,
+}
+
+impl Tier {
+    pub const ALL: [Tier; 3] = [Tier::Production, Tier::Api, Tier::Hostile];
+    pub fn name(self) -> &'static str {
+        match self {
+            Tier::Production => "production",
+            Tier::Api => "api",
+            Tier::Hostile => "hostile",
+        }
+    }
+}
+
+/// One case feature.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Feature {
+    /// A referenced KV block lies at byte offset ≥ 2^31.
+    KvOffset2g,
+    /// A referenced KV block lies at byte offset ≥ 2^32.
+    KvOffset4g,
+    /// The output passes byte offset 2^31.
+    OutOffset2g,
+    /// Block size other than the engines' 64.
+    BlockSize,
+    /// A value layout other than the plain one.
+    Layout,
+    /// An fp8 format other than e4m3fn.
+    Fp8Format,
+    /// `next_n ≥ 2` (speculative decoding).
+    NextN2,
+    /// `next_n ≥ 3`.
+    NextN3,
+    /// Per-token (2-D) context lengths.
+    Lens2d,
+    /// 2-D lengths not of the engine's form `[L-N+1 … L]`.
+    Lens2dIrregular,
+    /// 2-D lengths where a later draft row is shorter than an earlier one.
+    Lens2dNonMonotonic,
+    /// Some sequences have length 0 (others do not).
+    ZeroLengthRows,
+    /// Every sequence has length 0.
+    AllZeroBatch,
+    /// The longest sequence fills `max_model_len` exactly.
+    CtxEqMaxModelLen,
+    /// Block-table padding other than 0 (-1, i32::MAX, stale ids).
+    TablePadding,
+    /// KV block stride wider than the block.
+    PaddedKvStride,
+    /// Output row stride wider than `max_model_len`.
+    PaddedOutStride,
+    /// Block-table row stride wider than its columns.
+    PaddedTableStride,
+    /// Legal but non-pipeline values (uniform codes, extremes, relu boundary, all-negative dots).
+    SpecialValues,
+    /// Invalid values: NaN codes, zero/negative/inf/NaN scales and weights.
+    HostileValues,
+}
+
+/// Tokens of benign `max_model_len` slack: past any chunk the longest sequence ends in.
+const BENIGN_SLACK: usize = 256;
+
+impl Feature {
+    /// Every feature, in the order triggers list them.
+    pub const ALL: [Feature; 20] = [
+        Feature::KvOffset2g,
+        Feature::KvOffset4g,
+        Feature::OutOffset2g,
+        Feature::BlockSize,
+        Feature::Layout,
+        Feature::Fp8Format,
+        Feature::NextN2,
+        Feature::NextN3,
+        Feature::Lens2d,
+        Feature::Lens2dIrregular,
+        Feature::Lens2dNonMonotonic,
+        Feature::ZeroLengthRows,
+        Feature::AllZeroBatch,
+        Feature::CtxEqMaxModelLen,
+        Feature::TablePadding,
+        Feature::PaddedKvStride,
+        Feature::PaddedOutStride,
+        Feature::PaddedTableStride,
+        Feature::SpecialValues,
+        Feature::HostileValues,
+    ];
+
+    /// The stable name (`report.json`'s `trigger`, signatures).
+    pub fn name(self) -> &'static str {
+        match self {
+            Feature::KvOffset2g => "kv-offset-2g",
+            Feature::KvOffset4g => "kv-offset-4g",
+            Feature::OutOffset2g => "out-offset-2g",
+            Feature::BlockSize => "block-size",
+            Feature::Layout => "layout",
+            Feature::Fp8Format => "fp8-format",
+            Feature::NextN2 => "next-n-2",
+            Feature::NextN3 => "next-n-3",
+            Feature::Lens2d => "lens-2d",
+            Feature::Lens2dIrregular => "lens-2d-irregular",
+            Feature::Lens2dNonMonotonic => "lens-2d-non-monotonic",
+            Feature::ZeroLengthRows => "zero-length-rows",
+            Feature::AllZeroBatch => "all-zero-batch",
+            Feature::CtxEqMaxModelLen => "ctx-eq-max-model-len",
+            Feature::TablePadding => "table-padding",
+            Feature::PaddedKvStride => "padded-kv-stride",
+            Feature::PaddedOutStride => "padded-out-stride",
+            Feature::PaddedTableStride => "padded-table-stride",
+            Feature::SpecialValues => "special-values",
+            Feature::HostileValues => "hostile-values",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Feature> {
+        Feature::ALL.into_iter().find(|f| f.name() == s)
+    }
+
+    /// The feature in words, with the recipe's value where it has one.
+    pub fn sentence(self, r: &Recipe) -> String {
+        match self {
+            Feature::KvOffset2g => "KV byte offset ≥ 2^31".into(),
+            Feature::KvOffset4g => "KV byte offset ≥ 2^32".into(),
+            Feature::OutOffset2g => "output byte offset ≥ 2^31".into(),
+            Feature::BlockSize => format!("block size {}", r.block_size),
+            Feature::Layout => format!("layout {:?}", r.layout).to_lowercase(),
+            Feature::Fp8Format => format!("fp8 format {}", r.format.name()),
+            Feature::NextN2 => "next_n ≥ 2".into(),
+            Feature::NextN3 => "next_n ≥ 3".into(),
+            Feature::Lens2d => "2-D (per-token) lengths".into(),
+            Feature::Lens2dIrregular => "2-D lengths not of the form [L-N+1 … L]".into(),
+            Feature::Lens2dNonMonotonic => {
+                "non-monotonic 2-D lengths (a later draft row shorter)".into()
+            }
+            Feature::ZeroLengthRows => "zero-length rows".into(),
+            Feature::AllZeroBatch => format!("an all-zero batch of {}", r.batch()),
+            Feature::CtxEqMaxModelLen => "ctx == max_model_len".into(),
+            Feature::TablePadding => format!("table padding {}", padding_name(r.padding)),
+            Feature::PaddedKvStride => "padded KV block stride".into(),
+            Feature::PaddedOutStride => "padded output row stride".into(),
+            Feature::PaddedTableStride => "padded block-table stride".into(),
+            Feature::SpecialValues => format!("{} values", value_name(r.values)),
+            Feature::HostileValues => {
+                "hostile values (NaN codes, negative/zero/inf/NaN scales and weights)".into()
+            }
+        }
+    }
+
+    /// Which inputs this feature (as `r` has it) belongs to.
+    pub fn tier(self, r: &Recipe) -> Tier {
+        match self {
+            Feature::Lens2dIrregular | Feature::Lens2dNonMonotonic | Feature::SpecialValues => {
+                Tier::Api
+            }
+            Feature::TablePadding => match r.padding {
+                Padding::Huge => Tier::Hostile,
+                Padding::MinusOne => Tier::Api,
+                _ => Tier::Production,
+            },
+            Feature::HostileValues => Tier::Hostile,
+            _ => Tier::Production,
+        }
+    }
+
+    /// Whether the recipe has this feature.
+    pub fn present(self, r: &Recipe) -> bool {
+        let seqs = seq_lens(r);
+        match self {
+            Feature::KvOffset2g => match r.offsets {
+                OffsetClass::Pool(p) => p.blocks.saturating_mul(p.stride) > 1 << 31,
+                o => o != OffsetClass::Low,
+            },
+            Feature::KvOffset4g => match r.offsets {
+                OffsetClass::Pool(p) => p.blocks.saturating_mul(p.stride) > 1 << 32,
+                o => o == OffsetClass::Around4G,
+            },
+            Feature::OutOffset2g => r.big_output,
+            Feature::BlockSize => r.block_size != 64,
+            Feature::Layout => r.layout != ValueLayout::Normal,
+            Feature::Fp8Format => r.format != Fp8Format::E4m3fn,
+            Feature::NextN2 => r.next_n >= 2,
+            Feature::NextN3 => r.next_n >= 3,
+            Feature::Lens2d => matches!(r.lens, LensRecipe::PerToken(_)),
+            Feature::Lens2dIrregular => match &r.lens {
+                LensRecipe::PerToken(v) => v.iter().any(|row| *row != engine_row(row)),
+                LensRecipe::PerSequence(_) => false,
+            },
+            Feature::Lens2dNonMonotonic => match &r.lens {
+                LensRecipe::PerToken(v) => v.iter().any(|row| row.windows(2).any(|w| w[1] < w[0])),
+                LensRecipe::PerSequence(_) => false,
+            },
+            Feature::ZeroLengthRows => seqs.contains(&0) && seqs.iter().any(|&l| l > 0),
+            Feature::AllZeroBatch => seqs.iter().all(|&l| l == 0),
+            Feature::CtxEqMaxModelLen => r.model_len_slack == 0,
+            Feature::TablePadding => r.padding != Padding::Zero,
+            Feature::PaddedKvStride => match r.offsets {
+                OffsetClass::Pool(p) => p.stride > block_bytes(r),
+                _ => r.kv_stride_pad > 0,
+            },
+            Feature::PaddedOutStride => r.out_stride_pad > 0,
+            Feature::PaddedTableStride => r.table_stride_pad > 0,
+            Feature::SpecialValues => !matches!(r.values, ValueKind::Pipeline | ValueKind::Hostile),
+            Feature::HostileValues => r.values == ValueKind::Hostile,
+        }
+    }
+
+    /// The recipe with this feature in its benign form (everything else unchanged).
+    pub fn benign(self, r: &Recipe) -> Recipe {
+        let mut b = r.clone();
+        match self {
+            // An engine pool's ids become the dense layout's, at the pool's stride.
+            Feature::KvOffset2g | Feature::KvOffset4g
+                if matches!(r.offsets, OffsetClass::Pool(_)) =>
+            {
+                if let OffsetClass::Pool(p) = r.offsets {
+                    b.kv_stride_pad = p.stride - block_bytes(r);
+                    b.offsets = if self == Feature::KvOffset2g {
+                        OffsetClass::Low
+                    } else {
+                        OffsetClass::Around2G
+                    };
+                }
+            }
+            Feature::KvOffset2g => b.offsets = OffsetClass::Low,
+            Feature::KvOffset4g => b.offsets = OffsetClass::Around2G,
+            Feature::OutOffset2g => b.big_output = false,
+            Feature::BlockSize => b.block_size = 64,
+            Feature::Layout => b.layout = ValueLayout::Normal,
+            Feature::Fp8Format => b.format = Fp8Format::E4m3fn,
+            Feature::NextN2 => {
+                b.next_n = 1;
+                b.lens = LensRecipe::PerSequence(seq_lens(r));
+            }
+            Feature::NextN3 => {
+                b.next_n = 2;
+                if let LensRecipe::PerToken(v) = &r.lens {
+                    b.lens = LensRecipe::PerToken(
+                        v.iter().map(|row| row[row.len() - 2..].to_vec()).collect(),
+                    );
+                }
+            }
+            Feature::Lens2d => b.lens = LensRecipe::PerSequence(seq_lens(r)),
+            Feature::Lens2dIrregular => {
+                if let LensRecipe::PerToken(v) = &r.lens {
+                    b.lens = LensRecipe::PerToken(v.iter().map(|row| engine_row(row)).collect());
+                }
+            }
+            Feature::Lens2dNonMonotonic => {
+                if let LensRecipe::PerToken(v) = &r.lens {
+                    b.lens = LensRecipe::PerToken(
+                        v.iter()
+                            .map(|row| {
+                                let mut s = row.clone();
+                                s.sort_unstable();
+                                s
+                            })
+                            .collect(),
+                    );
+                }
+            }
+            Feature::ZeroLengthRows => {
+                b.lens = match &r.lens {
+                    LensRecipe::PerSequence(v) => {
+                        LensRecipe::PerSequence(v.iter().map(|&l| l.max(1)).collect())
+                    }
+                    LensRecipe::PerToken(v) => LensRecipe::PerToken(
+                        v.iter()
+                            .map(|row| {
+                                if row.iter().all(|&l| l == 0) {
+                                    engine_row_for(row.len(), row.len())
+                                } else {
+                                    row.clone()
+                                }
+                            })
+                            .collect(),
+                    ),
+                }
+            }
+            Feature::AllZeroBatch => {
+                b.lens = match &r.lens {
+                    LensRecipe::PerSequence(v) => {
+                        let mut v = v.clone();
+                        v[0] = 1;
+                        LensRecipe::PerSequence(v)
+                    }
+                    LensRecipe::PerToken(v) => {
+                        let mut v = v.clone();
+                        v[0] = engine_row_for(v[0].len(), v[0].len());
+                        LensRecipe::PerToken(v)
+                    }
+                }
+            }
+            Feature::CtxEqMaxModelLen => b.model_len_slack = BENIGN_SLACK,
+            Feature::TablePadding => b.padding = Padding::Zero,
+            Feature::PaddedKvStride => match &mut b.offsets {
+                OffsetClass::Pool(p) => p.stride = block_bytes(r),
+                _ => b.kv_stride_pad = 0,
+            },
+            Feature::PaddedOutStride => b.out_stride_pad = 0,
+            Feature::PaddedTableStride => b.table_stride_pad = 0,
+            Feature::SpecialValues | Feature::HostileValues => b.values = ValueKind::Pipeline,
+        }
+        b
+    }
+
+    /// A feature that another one implies, so a trigger that needs the stronger one
+    /// does not list the weaker (≥ 2^32 implies ≥ 2^31; next_n ≥ 3 implies ≥ 2).
+    pub fn implied_by(self) -> Option<Feature> {
+        match self {
+            Feature::KvOffset2g => Some(Feature::KvOffset4g),
+            Feature::NextN2 => Some(Feature::NextN3),
+            Feature::Lens2d => Some(Feature::Lens2dIrregular),
+            Feature::Lens2dIrregular => Some(Feature::Lens2dNonMonotonic),
+            _ => None,
+        }
+    }
+}
+
+/// Every feature the recipe has.
+pub fn features_of(r: &Recipe) -> Vec<Feature> {
+    Feature::ALL.into_iter().filter(|f| f.present(r)).collect()
+}
+
+/// Tokens of each sequence (the longest row of a 2-D sequence).
+fn seq_lens(r: &Recipe) -> Vec<usize> {
+    match &r.lens {
+        LensRecipe::PerSequence(v) => v.clone(),
+        LensRecipe::PerToken(v) => v
+            .iter()
+            .map(|row| row.iter().copied().max().unwrap_or(0))
+            .collect(),
+    }
+}
+
+/// The engine's per-token lengths of a sequence of `l` tokens: `[L-N+1 … L]`.
+fn engine_row_for(n: usize, l: usize) -> Vec<usize> {
+    (0..n).map(|i| (l + i + 1).saturating_sub(n)).collect()
+}
+
+/// `row` in the engine's form, ending at its longest length.
+fn engine_row(row: &[usize]) -> Vec<usize> {
+    engine_row_for(row.len(), row.iter().copied().max().unwrap_or(0))
+}
+
+/// Bytes of one block's values and scales (`bs·(D+4)`), the tight stride.
+fn block_bytes(r: &Recipe) -> u64 {
+    (r.block_size * (r.head_dim + 4)) as u64
+}
+
+fn padding_name(p: Padding) -> &'static str {
+    match p {
+        Padding::Zero => "0",
+        Padding::MinusOne => "-1",
+        Padding::Huge => "i32::MAX",
+        Padding::Garbage => "of unreferenced block ids",
+        Padding::Stale => "of stale ids from the pool",
+    }
+}
+
+fn value_name(v: ValueKind) -> &'static str {
+    match v {
+        ValueKind::Pipeline => "pipeline",
+        ValueKind::UniformCodes => "uniform-code",
+        ValueKind::Extreme => "extreme (±max, subnormal, zero)",
+        ValueKind::ReluBoundary => "relu-boundary",
+        ValueKind::AllNegative => "all-negative-dot",
+        ValueKind::Hostile => "hostile",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_benign_form_removes_its_feature_and_validates() {
+        let mut r = Recipe::small(vec![0, 40], 3, 1);
+        r.lens = LensRecipe::PerToken(vec![vec![0, 0, 0], vec![40, 12, 39]]);
+        r.offsets = OffsetClass::Around4G;
+        r.big_output = false;
+        r.model_len_slack = 0;
+        r.values = ValueKind::Hostile;
+        r.format = Fp8Format::E4m3fnuz;
+        for f in features_of(&r) {
+            let b = f.benign(&r);
+            assert!(
+                !f.present(&b),
+                "{} still present in its benign form",
+                f.name()
+            );
+            b.materialize()
+                .validate()
+                .unwrap_or_else(|e| panic!("{}: benign form invalid: {e}", f.name()));
+        }
+        assert!(Feature::ALL
+            .iter()
+            .all(|f| Feature::parse(f.name()) == Some(*f)));
+    }
+}

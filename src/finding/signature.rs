@@ -1,0 +1,199 @@
+//! A finding's identity. [`Signature`] = kernel + class + (for a crash) normalised
+//! reason + [`Trigger`]; the trigger is found by [`ablate`] on the shrunk case, and
+//! the [`Tier`] follows from it. This is where a finding gets its identity: the
+//! campaign computes a `Signature` for every shrunk failure and files the finding
+//! under [`Signature::key`].
+
+use super::feature::{features_of, Feature, Tier};
+use super::reason::crash_reason;
+use crate::case::Case;
+use crate::generate::Recipe;
+use crate::oracle::{Class, Verdict};
+use serde::{Deserialize, Serialize};
+use std::time::Instant;
+
+/// The necessary features of a shrunk failing case, with the recipe they were read
+/// from (for the sentences).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Trigger {
+    pub features: Vec<Feature>,
+    /// "KV byte offset ≥ 2^32", one per feature.
+    pub sentences: Vec<String>,
+    /// False when the ablation ran out of budget before trying every feature: a
+    /// feature not listed may still be needed.
+    pub complete: bool,
+    /// Where the failure reproduces ([`ablate`]): `None` until checked, then the
+    /// least benign tier the check needed.
+    pub checked_tier: Option<Tier>,
+}
+
+impl Trigger {
+    /// The trigger of `recipe` made of `features` (implied weaker features dropped).
+    pub fn new(recipe: &Recipe, mut features: Vec<Feature>, complete: bool) -> Trigger {
+        let all = features.clone();
+        features.retain(|f| !f.implied_by().is_some_and(|s| all.contains(&s)));
+        Trigger {
+            sentences: features.iter().map(|f| f.sentence(recipe)).collect(),
+            features,
+            complete,
+            checked_tier: None,
+        }
+    }
+
+    /// The finding's tier: the most benign domain in which the shrunk failure still
+    /// reproduces. [`ablate`] rewrites every feature outside the trigger whose tier is
+    /// less benign than the trigger's into its benign form, all at once, and re-runs:
+    /// when the failure still shows, the tier is the trigger's (the least benign tier
+    /// among its features; `production` for a bug that needs nothing special); when it
+    /// does not, the least benign tier of every feature the case has. Unchecked
+    /// (budget spent): the trigger's.
+    pub fn tier(&self, recipe: &Recipe) -> Tier {
+        self.checked_tier
+            .unwrap_or_else(|| tier_of(&self.features, recipe))
+    }
+
+    /// `needs: KV byte offset ≥ 2^32; block size 1`, or `needs nothing special`.
+    pub fn sentence(&self) -> String {
+        if self.sentences.is_empty() {
+            "needs nothing special".into()
+        } else {
+            format!("needs: {}", self.sentences.join("; "))
+        }
+    }
+}
+
+/// The least benign tier among `features` (`production` for none).
+fn tier_of(features: &[Feature], recipe: &Recipe) -> Tier {
+    features
+        .iter()
+        .map(|f| f.tier(recipe))
+        .max()
+        .unwrap_or(Tier::Production)
+}
+
+/// Who a finding is: the kernel, the class, the crash reason and the trigger.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Signature {
+    pub kernel: String,
+    pub class: Class,
+    /// The normalised crash reason ([`super::reason`]); `None` unless a crash.
+    pub reason: Option<String>,
+    pub trigger: Vec<Feature>,
+}
+
+impl Signature {
+    /// The signature's string: `kernel|class[|reason][|needs:a+b]`. Stable across runs,
+    /// so `diff` and `merge` compare findings of different reports by it.
+    pub fn key(&self) -> String {
+        let mut s = format!("{}|{}", self.kernel, self.class.name());
+        if let Some(r) = &self.reason {
+            s.push('|');
+            s.push_str(r);
+        }
+        if !self.trigger.is_empty() {
+            let names: Vec<&str> = self.trigger.iter().map(|f| f.name()).collect();
+            s.push_str("|needs:");
+            s.push_str(&names.join("+"));
+        }
+        s
+    }
+}
+
+/// Whether `v` still shows the failure: the class and, for a crash, the same reason.
+/// This is what shrinking and ablation keep (a step that shows another crash reason
+/// is another bug).
+pub fn shows(v: &Verdict, class: Class, reason: Option<&str>) -> bool {
+    v.classes.contains_key(&class)
+        && (class != Class::Crash || reason.is_none() || crash_reason(v).as_deref() == reason)
+}
+
+/// Value draws a benign form is tried with before its feature counts as necessary:
+/// rewriting one feature redraws the case's values and block ids, and a small shrunk
+/// case (one or two tokens) can lose its failure to an unlucky draw (no negative scale
+/// on a valid token, no block past 2^32) rather than to the feature. A feature that
+/// is not needed costs one run; a needed one costs all of them.
+const ABLATION_DRAWS: u64 = 16;
+
+/// Ablation: for each feature `recipe` has, its benign form is materialised and run
+/// (`still_fails`: `Some(true)` the failure still shows, `Some(false)` the case is
+/// clean, `None` inconclusive: the kernel skips the rewritten case, or it fails in
+/// another way that may hide this failure). A feature is necessary when its benign
+/// form shows the failure under none of [`ABLATION_DRAWS`] value draws and at least
+/// one draw is clean. Stops
+/// at `deadline` (the trigger is then marked incomplete). Returns the trigger and the
+/// runs made.
+pub fn ablate(
+    recipe: &Recipe,
+    still_fails: &mut dyn FnMut(&Case) -> Option<bool>,
+    deadline: Instant,
+) -> (Trigger, u32) {
+    let mut needed = Vec::new();
+    let mut runs = 0;
+    let mut complete = true;
+    'features: for f in features_of(recipe) {
+        let benign = f.benign(recipe);
+        let mut clean = false;
+        for draw in 0..ABLATION_DRAWS {
+            if Instant::now() >= deadline || crate::campaign::interrupt::requested() {
+                complete = false;
+                break 'features;
+            }
+            let case = Recipe {
+                seed: benign.seed ^ draw.wrapping_mul(0x9E37_79B9_7F4A_7C15),
+                ..benign.clone()
+            }
+            .materialize();
+            if case.validate().is_err() {
+                continue 'features;
+            }
+            runs += 1;
+            match still_fails(&case) {
+                Some(false) => clean = true,
+                Some(true) => continue 'features,
+                None => {}
+            }
+        }
+        if clean {
+            needed.push(f);
+        }
+    }
+    let mut trigger = Trigger::new(recipe, needed.clone(), complete);
+    // The tier check: everything outside the trigger that lies in a less benign tier
+    // than the trigger's, rewritten at once.
+    let want = tier_of(&needed, recipe);
+    let mut joint = recipe.clone();
+    let mut rewritten = false;
+    for f in features_of(recipe) {
+        if !needed.contains(&f) && f.tier(recipe) > want && f.present(&joint) {
+            joint = f.benign(&joint);
+            rewritten = true;
+        }
+    }
+    if !rewritten {
+        trigger.checked_tier = Some(want);
+    } else if complete {
+        for draw in 0..ABLATION_DRAWS {
+            if Instant::now() >= deadline || crate::campaign::interrupt::requested() {
+                break;
+            }
+            let case = Recipe {
+                seed: joint.seed ^ draw.wrapping_mul(0x9E37_79B9_7F4A_7C15),
+                ..joint.clone()
+            }
+            .materialize();
+            if case.validate().is_err() {
+                break;
+            }
+            runs += 1;
+            if still_fails(&case) == Some(true) {
+                trigger.checked_tier = Some(want);
+                break;
+            }
+        }
+        if trigger.checked_tier.is_none() && Instant::now() < deadline {
+            let all = features_of(recipe);
+            trigger.checked_tier = Some(tier_of(&all, recipe));
+        }
+    }
+    (trigger, runs)
+}
