@@ -5,6 +5,15 @@
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Mutex;
+
+/// These tests run timed campaigns whose ablation needs its share of a 2-core machine:
+/// one at a time, so that a loaded machine does not turn a budget into a flaky verdict.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 fn tmp(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("mqa-signatures-{}-{name}", std::process::id()));
@@ -117,6 +126,7 @@ fn assert_two_bugs(dir: &Path, r: &Value, name: &str) {
 
 #[test]
 fn two_planted_bugs_of_one_class_are_two_findings_cpu() {
+    let _one = serial();
     let d = tmp("cpu");
     let r = campaign(&d, "cpu:bug-offset32-kv+scale-before-relu", "all", "2", "r");
     assert_two_bugs(&d, &r, "r");
@@ -124,6 +134,7 @@ fn two_planted_bugs_of_one_class_are_two_findings_cpu() {
 
 #[test]
 fn two_planted_bugs_of_one_class_are_two_findings_numpy() {
+    let _one = serial();
     let ok = Command::new("python3")
         .args(["-c", "import numpy"])
         .status()
@@ -145,6 +156,7 @@ fn two_planted_bugs_of_one_class_are_two_findings_numpy() {
 
 #[test]
 fn diff_gates_on_a_second_bug_of_a_known_class() {
+    let _one = serial();
     let d = tmp("diff");
     let kernel = "cpu:bug-offset32-kv+scale-before-relu";
     // The layout profile draws no hostile values: only the offset bug shows.
@@ -167,6 +179,7 @@ fn diff_gates_on_a_second_bug_of_a_known_class() {
 
 #[test]
 fn selftest_double_bug_rows_find_each_bug_by_its_own_trigger() {
+    let _one = serial();
     let d = tmp("selftest");
     let (code, out) = run(
         &d,
@@ -197,6 +210,7 @@ fn selftest_double_bug_rows_find_each_bug_by_its_own_trigger() {
 
 #[test]
 fn two_crash_reasons_are_two_findings_and_shrinking_keeps_each() {
+    let _one = serial();
     // A worker that aborts on every fifth request, serving a kernel whose int32 output
     // offsets crash on outputs past 2 GiB: two crashes, two bugs. Whichever comes first,
     // the other is not hidden behind it.
@@ -242,6 +256,7 @@ fn two_crash_reasons_are_two_findings_and_shrinking_keeps_each() {
 
 #[test]
 fn merge_folds_shards_by_signature_into_distinct_bugs() {
+    let _one = serial();
     let d = tmp("merge");
     let kernel = "cpu:bug-offset32-kv+scale-before-relu";
     for (shard, name) in [("0/2", "s0"), ("1/2", "s1")] {

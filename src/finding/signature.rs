@@ -32,6 +32,19 @@ impl Trigger {
     pub fn new(recipe: &Recipe, mut features: Vec<Feature>, complete: bool) -> Trigger {
         let all = features.clone();
         features.retain(|f| !f.implied_by().is_some_and(|s| all.contains(&s)));
+        // A block size or a stride whose benign form only moves the blocks' (or rows')
+        // byte offsets below the band is not a trigger of its own when the offset band
+        // is: "needs: KV byte offset ≥ 2^32" names the bug, whatever carried the blocks
+        // there (a padded stride in a layout case, a slab stride in an engine pool).
+        let kv_offset = all
+            .iter()
+            .any(|f| matches!(f, Feature::KvOffset2g | Feature::KvOffset4g));
+        let out_offset = all.contains(&Feature::OutOffset2g);
+        features.retain(|f| match f {
+            Feature::BlockSize | Feature::PaddedKvStride => !kv_offset,
+            Feature::PaddedOutStride => !out_offset,
+            _ => true,
+        });
         Trigger {
             sentences: features.iter().map(|f| f.sentence(recipe)).collect(),
             features,
