@@ -423,12 +423,14 @@ fn double_bug_runs(
     let dir = work.join(format!("{}-{seed}", name.replace([':', '+'], "_")));
     let mut cfg = Config::new(vec![name.to_string()], dir.join("report"));
     cfg.profile = Profile::All;
-    cfg.budget = Some(opt.budget);
+    // Two bugs, each shrunk and ablated (engine-sized cases among them): the budget
+    // of the production rows, not of a single-bug row.
+    cfg.budget = Some(opt.budget * PRODUCTION_BUDGET_FACTOR);
     cfg.seed = seed;
     cfg.corpus_dir = dir.join("corpus");
     cfg.quiet = true;
     cfg.stop_after_findings = Some(DOUBLE_BUG.len());
-    cfg.shrink_budget = Duration::from_secs(15);
+    cfg.shrink_budget = Duration::from_secs(30);
     let out = campaign::run(&cfg)?;
     let has = |f: &crate::report::Finding, needs: &[Feature]| {
         needs
