@@ -117,7 +117,10 @@ pub enum Command {
         #[arg(long)]
         out: PathBuf,
     },
-    /// Compare two reports: new, fixed and unchanged findings. Exit 1 on new findings.
+    /// Compare two reports by finding signature: new, fixed and unchanged bugs. Exit 1
+    /// on a new signature, even of a class the base already had. A base finding the
+    /// candidate lacks is "fixed" only when its saved case no longer fails on replay;
+    /// one that still fails is listed as STILL-FAILS (the candidate did not meet it).
     Diff {
         /// The baseline report directory (or report.json).
         base: PathBuf,
@@ -126,6 +129,9 @@ pub enum Command {
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
+        /// Do not replay the base's missing findings (they are listed UNCONFIRMED).
+        #[arg(long)]
+        no_replay: bool,
     },
 }
 #[derive(Subcommand, Debug)]
@@ -199,7 +205,12 @@ pub fn dispatch(cli: Cli) -> Result<i32, Fatal> {
         Command::Worker { kernel, fault } => cmd_worker(&kernel, fault.as_deref()),
         Command::Report { dir } => crate::report::cli::cmd_report(&dir),
         Command::Merge { dirs, out } => crate::report::cli::cmd_merge(&dirs, &out),
-        Command::Diff { base, cand, json } => crate::report::cli::cmd_diff(&base, &cand, json),
+        Command::Diff {
+            base,
+            cand,
+            json,
+            no_replay,
+        } => crate::report::cli::cmd_diff(&base, &cand, json, !no_replay),
         Command::Bench(Bench::Reference {
             threads,
             min_seconds,

@@ -53,6 +53,14 @@ impl<'a> ReferenceCache<'a> {
         }
         &self.by_placement[&placement]
     }
+
+    /// The reference for `placement` (computed if it was not), kept after the cache.
+    pub fn into_reference(mut self, placement: ScalePlacement) -> Reference {
+        self.get(placement);
+        self.by_placement
+            .remove(&placement)
+            .expect("computed just above")
+    }
 }
 
 fn scales_positive(case: &Case) -> bool {

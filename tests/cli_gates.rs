@@ -231,6 +231,58 @@ fn divergent_findings_are_saved_replayable_and_stable_across_runs() {
     let out = mqa(d.path(), &["diff", "r1", "r2"]);
     assert_eq!(out.status.code(), Some(0), "{}", show(&out));
     assert!(text(&out.stdout).starts_with("0 new"), "{}", show(&out));
+
+    // A candidate without the base's bugs: they are "fixed" only if their saved cases no
+    // longer fail on replay. Here they still do (the kernels are unchanged).
+    let mut none = report(&d.path().join("r1"));
+    none["findings"] = Value::Array(Vec::new());
+    std::fs::create_dir_all(d.path().join("none")).unwrap();
+    std::fs::write(d.path().join("none/report.json"), none.to_string()).unwrap();
+    let out = mqa(d.path(), &["diff", "r1", "none"]);
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.starts_with(
+            "0 new, 0 fixed, 0 unchanged finding(s), 2 not met but still failing on replay"
+        ),
+        "{}",
+        show(&out)
+    );
+    assert_eq!(
+        stdout
+            .lines()
+            .filter(|l| l.starts_with("STILL-FAILS"))
+            .count(),
+        2,
+        "{stdout}"
+    );
+    // The same bug in a fixed kernel: the unwritten finding's kernel is now one whose
+    // output is written, so its case no longer fails: fixed. The divergence still is.
+    let mut fixed = report(&d.path().join("r1"));
+    fixed["findings"][0]["kernel"] = "cpu:chunked".into();
+    std::fs::create_dir_all(d.path().join("fixed")).unwrap();
+    std::fs::write(d.path().join("fixed/report.json"), fixed.to_string()).unwrap();
+    let out = mqa(d.path(), &["diff", "fixed", "none", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let j: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        j["fixed"],
+        serde_json::json!(["cpu:bug-tail-unwritten|unwritten"]),
+        "{j}"
+    );
+    assert_eq!(
+        j["still_failing"],
+        serde_json::json!(["cpu:chunked vs cpu:bug-tail-unwritten|divergent"]),
+        "{j}"
+    );
+    // Without replay nothing is claimed fixed.
+    let out = mqa(
+        d.path(),
+        &["diff", "fixed", "none", "--no-replay", "--json"],
+    );
+    let j: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(j["fixed"], serde_json::json!([]), "{j}");
+    assert_eq!(j["unconfirmed"].as_array().unwrap().len(), 2, "{j}");
 }
 
 // ---- 3. replay runs the recorded kernel, or says it cannot -------------------------

@@ -6,17 +6,19 @@
 //! not yet in the book is a new finding with a corpus file of its own. Failures of
 //! another bug met while shrinking are filed the same way, so none is lost.
 
+use super::engine::{divergent_verdict, diverges, pair_name, Engine};
+use super::event::{Event, Source};
 use super::progress::Progress;
+use super::save::{replay_command, save_finding, SaveRequest};
 use super::shrink::{self, Shrunk};
-use super::{
-    divergent_verdict, diverges, replay_command, save_finding, Detection, Engine, SaveRequest,
-};
+use super::Detection;
 use crate::case::Case;
 use crate::finding::{ablate, crash_reason, features_of, shows, Feature, Signature, Trigger};
 use crate::generate::Recipe;
 use crate::harness::{self, ReferenceCache};
-use crate::kernel::Kernel;
+use crate::kernel::{Capabilities, Kernel, OutputBuffer};
 use crate::oracle::{Class, Verdict};
+use crate::reference::Reference;
 use crate::report::{Finding, Timings};
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -33,7 +35,7 @@ impl Subject<'_> {
     pub fn name(&self) -> String {
         match self {
             Subject::Kernel(k) => k.name().to_string(),
-            Subject::Pair(a, b) => super::pair_name(a.name(), b.name()),
+            Subject::Pair(a, b) => pair_name(a.name(), b.name()),
         }
     }
 
@@ -44,17 +46,49 @@ impl Subject<'_> {
         }
     }
 
-    /// Runs and judges a candidate case (a divergence: runs both and compares).
-    fn judge(&self, engine: &Engine, case: &Case) -> Verdict {
+    /// Runs and judges a candidate case (a divergence: runs both and compares), with
+    /// the output it judged.
+    fn judge(&self, engine: &Engine, case: &Case) -> (Verdict, Option<Evidence>) {
         match self {
             Subject::Kernel(k) => {
                 let mut refs = ReferenceCache::new(case);
-                harness::run_and_judge(*k, case, &mut refs, &engine.cfg.oracle).verdict
+                let j = harness::run_and_judge(*k, case, &mut refs, &engine.cfg.oracle);
+                let evidence = j.output.map(|out| Evidence::new(*k, out, refs));
+                (j.verdict, evidence)
             }
-            Subject::Pair(a, b) => diverges(&engine.cfg.oracle, *a, *b, case)
-                .map(|m| divergent_verdict(&m))
-                .unwrap_or_default(),
+            Subject::Pair(a, b) => {
+                let (msg, evidence) = diverges(&engine.cfg.oracle, *a, *b, case);
+                (
+                    msg.map(|m| divergent_verdict(&m)).unwrap_or_default(),
+                    evidence,
+                )
+            }
         }
+    }
+}
+
+/// A judged output with the reference it was judged against: what a finding's picture
+/// is drawn from, by the oracle's own element scan.
+pub(super) struct Evidence {
+    caps: Capabilities,
+    output: OutputBuffer,
+    reference: Reference,
+}
+
+impl Evidence {
+    pub fn new(kernel: &dyn Kernel, output: OutputBuffer, refs: ReferenceCache) -> Evidence {
+        let caps = kernel.capabilities().clone();
+        let reference = refs.into_reference(caps.scale_placement);
+        Evidence {
+            caps,
+            output,
+            reference,
+        }
+    }
+
+    /// The class map and error histogram of `case` (the case this output is of).
+    fn draw(&self, case: &Case) -> (crate::report::ClassMap, Vec<u64>) {
+        crate::oracle::picture::draw(case, &self.reference, &self.caps, &self.output)
     }
 }
 
@@ -197,6 +231,74 @@ impl Book {
         })
     }
 
+    /// Files the failures of a judged case: one per failing kernel, plus a divergence.
+    /// Returns whether the case failed at all.
+    pub fn on_event(&mut self, ctx: &mut Ctx, ev: &Event) -> bool {
+        let Event::Judged {
+            source,
+            case,
+            judgement,
+        } = ev;
+        let kernels = &ctx.engine.kernels;
+        let mut failed = false;
+        for (kern, run) in kernels.iter().zip(&judgement.runs) {
+            if run.verdict.primary_class().is_none() {
+                continue;
+            }
+            failed = true;
+            let subject = Subject::Kernel(kern.as_ref());
+            match source {
+                Source::Generated(done) => {
+                    let g = &done.generated;
+                    let failure = Failure {
+                        recipe: g.recipe.clone(),
+                        case: (*case).clone(),
+                        verdict: run.verdict.clone(),
+                        origin: Some((g.k, g.seed)),
+                        parent: None,
+                    };
+                    self.file(ctx, subject, failure);
+                }
+                Source::Corpus { path, file } => {
+                    ctx.progress.println(&format!(
+                        "corpus {}: {} {}",
+                        path.display(),
+                        kern.name(),
+                        crate::cli::verdict_line(&run.verdict)
+                    ));
+                    self.replayed(ctx, subject, path, file, run.verdict.clone());
+                }
+            }
+        }
+        if let Some((bi, msg)) = &judgement.divergence {
+            failed = true;
+            let subject = Subject::Pair(kernels[0].as_ref(), kernels[*bi].as_ref());
+            let verdict = divergent_verdict(msg);
+            match source {
+                Source::Generated(done) => {
+                    let g = &done.generated;
+                    let failure = Failure {
+                        recipe: g.recipe.clone(),
+                        case: (*case).clone(),
+                        verdict,
+                        origin: Some((g.k, g.seed)),
+                        parent: None,
+                    };
+                    self.file(ctx, subject, failure);
+                }
+                Source::Corpus { path, file } => {
+                    ctx.progress.println(&format!(
+                        "corpus {}: {} divergent: {msg}",
+                        path.display(),
+                        subject.name()
+                    ));
+                    self.replayed(ctx, subject, path, file, verdict);
+                }
+            }
+        }
+        failed
+    }
+
     /// Files a failure of `subject`: an occurrence of a known bug, or a new finding
     /// (shrunk, ablated, saved). Returns whether it was a new finding.
     pub fn file(&mut self, ctx: &mut Ctx, subject: Subject, f: Failure) -> bool {
@@ -258,7 +360,7 @@ impl Book {
         let (trigger, _runs) = if cfg.shrink {
             ablate(
                 &shrunk.recipe,
-                &mut |c: &Case| ablation_outcome(&subject.judge(engine, c), &keep),
+                &mut |c: &Case| ablation_outcome(&subject.judge(engine, c).0, &keep),
                 // A shrink step on a large case can overrun its three quarters: ablation
                 // still gets a quarter of the budget, so a trigger is not lost to it.
                 (t0 + budget).max(Instant::now() + budget / 4),
@@ -380,7 +482,7 @@ impl Book {
                 let (t, _) = ablate(
                     r,
                     &mut |c: &Case| {
-                        ablation_outcome(&subject.judge(engine, c), &|v: &Verdict| {
+                        ablation_outcome(&subject.judge(engine, c).0, &|v: &Verdict| {
                             shows(v, class, reason.as_deref())
                         })
                     },
@@ -528,6 +630,7 @@ impl Book {
             .map(|b| shrunk.case.seq_tokens(b))
             .sum();
         let tier = trigger.tier(&shrunk.recipe);
+        let (picture, error_histogram) = Self::picture(ctx, subject, shrunk);
         ctx.progress.println(&format!(
             "  {} {}: {} row(s), {} token(s); {}; tier {}{}{}",
             sig.kernel,
@@ -573,8 +676,34 @@ impl Book {
             tokens: tokens as u64,
             occurrences: 1,
             verdict: shrunk.verdict.clone(),
-            picture: None,
-            error_histogram: Vec::new(),
+            picture,
+            error_histogram,
+        }
+    }
+
+    /// The finding's picture, from the output its last shrink step left in hand; a
+    /// finding that was not shrunk (or not by a step that ran it) runs its case once.
+    /// A crash has no output to picture.
+    fn picture(
+        ctx: &Ctx,
+        subject: &Subject,
+        shrunk: &Shrunk,
+    ) -> (Option<crate::report::ClassMap>, Vec<u64>) {
+        let rerun;
+        let evidence = match &shrunk.evidence {
+            Some(e) => Some(e),
+            None if shrunk.verdict.classes.contains_key(&Class::Crash) => None,
+            None => {
+                rerun = subject.judge(ctx.engine, &shrunk.case).1;
+                rerun.as_ref()
+            }
+        };
+        match evidence {
+            Some(e) => {
+                let (map, hist) = e.draw(&shrunk.case);
+                (Some(map), hist)
+            }
+            None => (None, Vec::new()),
         }
     }
 }

@@ -8,6 +8,7 @@
 //! lengths and smallest shapes that still fail. An interrupt or the time budget ends
 //! shrinking with the best case so far, which is always a real failing case.
 
+use super::book::Evidence;
 use super::{interrupt, value_tree, Engine};
 use crate::case::Case;
 use crate::finding::crash_reason;
@@ -23,6 +24,9 @@ pub struct Shrunk {
     pub shrunk: bool,
     /// Candidates that failed with another class or crash reason (one per pair).
     pub others: Vec<(Recipe, Case, Verdict)>,
+    /// The output of `case` with its reference, when the last accepted step left one
+    /// (the finding's picture is drawn from it).
+    pub evidence: Option<Evidence>,
 }
 
 impl Shrunk {
@@ -35,6 +39,7 @@ impl Shrunk {
             steps: 0,
             shrunk: false,
             others: Vec::new(),
+            evidence: None,
         }
     }
 }
@@ -46,7 +51,7 @@ const MAX_STEPS: u32 = 2000;
 /// whether its verdict still shows the bug being shrunk.
 pub(super) fn shrink(
     engine: &Engine,
-    run: &dyn Fn(&Case) -> Verdict,
+    run: &dyn Fn(&Case) -> (Verdict, Option<Evidence>),
     keep: &dyn Fn(&Verdict) -> bool,
     (k, seed): (u64, u64),
     start: (&Case, &Verdict),
@@ -69,7 +74,7 @@ pub(super) fn shrink(
         let (recipe, cand, _) = engine.materialize(&tree.current());
         let mut fails = false;
         if cand.validate().is_ok() {
-            let verdict = run(&cand);
+            let (verdict, evidence) = run(&cand);
             if keep(&verdict) {
                 fails = true;
                 if size(&cand) <= size(&best.case) {
@@ -80,6 +85,7 @@ pub(super) fn shrink(
                         steps,
                         shrunk: true,
                         others: std::mem::take(&mut best.others),
+                        evidence,
                     };
                 }
             } else if let Some(class) = verdict.primary_class() {

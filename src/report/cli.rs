@@ -72,15 +72,37 @@ pub fn cmd_merge(dirs: &[PathBuf], out: &Path) -> Result<i32, Fatal> {
 }
 
 /// `mqa-fuzz diff BASE CAND`: exit 1 when the candidate has findings the base has not.
-pub fn cmd_diff(base: &Path, cand: &Path, json: bool) -> Result<i32, Fatal> {
+/// A finding of the base that the candidate lacks is `fixed` only when its saved case
+/// no longer fails on replay (`replay`; skipped with `--no-replay`).
+pub fn cmd_diff(base: &Path, cand: &Path, json: bool, replay: bool) -> Result<i32, Fatal> {
     let b = load(base)?;
     let c = load(cand)?;
-    let d = diff(&b, &c);
+    let mut d = diff(&b, &c);
+    if replay {
+        let oracle = crate::oracle::OracleConfig::default();
+        super::fold::confirm_fixed(&mut d, &mut |f| {
+            crate::campaign::corpus::reproduces(f, &oracle)
+        });
+    } else {
+        let gone = std::mem::take(&mut d.fixed);
+        d.unconfirmed = gone
+            .into_iter()
+            .map(|f| (f, "not replayed (--no-replay)".to_string()))
+            .collect();
+    }
     if json {
+        let sigs = |v: &[super::Finding]| v.iter().map(|f| f.signature.clone()).collect::<Vec<_>>();
+        let unconfirmed: Vec<serde_json::Value> = d
+            .unconfirmed
+            .iter()
+            .map(|(f, why)| serde_json::json!({"signature": f.signature, "why": why}))
+            .collect();
         let summary: serde_json::Value = serde_json::json!({
-            "new": d.new.iter().map(|f| &f.signature).collect::<Vec<_>>(),
-            "fixed": d.fixed.iter().map(|f| &f.signature).collect::<Vec<_>>(),
-            "unchanged": d.unchanged.iter().map(|f| &f.signature).collect::<Vec<_>>(),
+            "new": sigs(&d.new),
+            "fixed": sigs(&d.fixed),
+            "unchanged": sigs(&d.unchanged),
+            "still_failing": sigs(&d.still_failing),
+            "unconfirmed": unconfirmed,
         });
         crate::outln!(
             "{}",

@@ -2,44 +2,8 @@
 //! what changed between them (`diff`), both keyed on finding signatures.
 
 use super::model::*;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-
-fn add_map<K: Ord + Clone>(into: &mut BTreeMap<K, u64>, from: &BTreeMap<K, u64>) {
-    for (k, v) in from {
-        *into.entry(k.clone()).or_default() += v;
-    }
-}
-
-fn add_stats(into: &mut KernelStats, k: &KernelStats) {
-    into.cases += k.cases;
-    into.clean += k.clean;
-    into.with_findings += k.with_findings;
-    into.skipped += k.skipped;
-    add_map(&mut into.class_totals, &k.class_totals);
-    into.rows_checked += k.rows_checked;
-    into.logits_checked += k.logits_checked;
-    let (g, h) = (&mut into.guard, &k.guard);
-    g.cases += h.cases;
-    g.redundant_cases += h.redundant_cases;
-    g.rows_affected += h.rows_affected;
-    g.nan += h.nan;
-    g.pos_inf += h.pos_inf;
-    g.neg_inf += h.neg_inf;
-    into.kernel_secs += k.kernel_secs;
-    into.run_wall_secs += k.run_wall_secs;
-    into.output_setup_secs += k.output_setup_secs;
-    for (class, t) in &k.kernel_time_by_shape {
-        into.kernel_time_by_shape
-            .entry(class.clone())
-            .or_default()
-            .merge(t);
-    }
-    into.population.merge(&k.population);
-    // f64::max ignores NaN; an infinite ratio (NaN element) must win.
-    if k.max_err_over_bound > into.max_err_over_bound || k.max_err_over_bound.is_nan() {
-        into.max_err_over_bound = k.max_err_over_bound;
-    }
-}
+use super::stats::add_map;
+use std::collections::{BTreeSet, HashMap};
 
 /// The copy of a finding that is easiest to debug: shrunk first, then the smallest case.
 fn better(a: &Finding, b: &Finding) -> bool {
@@ -153,7 +117,7 @@ pub fn merge(reports: &[Report]) -> Report {
         m.counts.cases_skipped += r.counts.cases_skipped;
         add_map(&mut m.counts.skip_reasons, &r.counts.skip_reasons);
         for (name, k) in &r.per_kernel {
-            add_stats(m.per_kernel.entry(name.clone()).or_default(), k);
+            *m.per_kernel.entry(name.clone()).or_default() += k;
         }
         for (axis, values) in &r.coverage.axes {
             add_map(m.coverage.axes.entry(axis.clone()).or_default(), values);
@@ -282,29 +246,68 @@ pub fn diff(base: &Report, cand: &Report) -> ReportDiff {
     d
 }
 
+/// Confirms each of `d.fixed` by replaying its saved case (`replay`: `Ok(true)` the
+/// case still fails with the finding's class and reason, `Ok(false)` it does not,
+/// `Err(why)` it cannot be replayed here): a bug is fixed only when its case no longer
+/// fails, not because a campaign happened not to meet it.
+pub fn confirm_fixed(d: &mut ReportDiff, replay: &mut dyn FnMut(&Finding) -> Result<bool, String>) {
+    for f in std::mem::take(&mut d.fixed) {
+        match replay(&f) {
+            Ok(false) => d.fixed.push(f),
+            Ok(true) => d.still_failing.push(f),
+            Err(why) => d.unconfirmed.push((f, why)),
+        }
+    }
+}
+
 /// `diff` as text for the terminal: one line per finding, grouped.
 pub fn diff_text(d: &ReportDiff) -> String {
     let mut s = format!(
-        "{} new, {} fixed, {} unchanged finding(s)\n",
+        "{} new, {} fixed, {} unchanged finding(s)",
         d.new.len(),
         d.fixed.len(),
         d.unchanged.len()
     );
+    if !d.still_failing.is_empty() {
+        s.push_str(&format!(
+            ", {} not met but still failing on replay",
+            d.still_failing.len()
+        ));
+    }
+    if !d.unconfirmed.is_empty() {
+        s.push_str(&format!(
+            ", {} not met and not replayable here",
+            d.unconfirmed.len()
+        ));
+    }
+    s.push('\n');
+    let unconfirmed: Vec<Finding> = d.unconfirmed.iter().map(|(f, _)| f.clone()).collect();
     for (label, list) in [
         ("NEW", &d.new),
         ("FIXED", &d.fixed),
+        ("STILL-FAILS", &d.still_failing),
+        ("UNCONFIRMED", &unconfirmed),
         ("unchanged", &d.unchanged),
     ] {
         for f in list {
             s.push_str(&format!(
-                "{label:9}  {}  {}  {}  x{}",
+                "{label:11}  {}  {}  {}  x{}",
                 f.signature,
                 f.kernel,
                 f.class_name(),
                 f.occurrences
             ));
-            if label == "NEW" && !f.replay_command.is_empty() {
+            if matches!(label, "NEW" | "STILL-FAILS") && !f.replay_command.is_empty() {
                 s.push_str(&format!("  replay: {}", f.replay_command));
+            }
+            if label == "UNCONFIRMED" {
+                if let Some((_, why)) = d
+                    .unconfirmed
+                    .iter()
+                    .find(|(u, _)| u.signature == f.signature)
+                {
+                    s.push_str(&format!("  ({why})"));
+                }
             }
             s.push('\n');
         }

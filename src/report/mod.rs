@@ -12,6 +12,7 @@ pub mod markdown;
 pub mod model;
 pub mod picture;
 pub mod shard;
+mod stats;
 pub mod svg;
 
 pub use fold::{diff, diff_text, merge, missing_shards};

@@ -359,142 +359,25 @@ pub struct Timings {
     pub shard_wall_secs: f64,
 }
 
-/// A picture of a case: rows × positions, each cell the worst class of the elements
-/// it covers, zoomed to the rows and positions where findings are.
-///
-/// Cells are stored as one string per shown row, one character per cell (see
-/// [`CellClass::code`]), so the JSON stays small and is readable by eye.
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
-#[serde(default)]
-pub struct ClassMap {
-    /// Rows (`batch * next_n`) and columns (`max_model_len`) of the whole case.
-    pub rows: usize,
-    pub cols: usize,
-    /// The window shown: rows `[row_start, row_end)`, positions `[col_start, col_end)`.
-    pub row_start: usize,
-    pub row_end: usize,
-    pub col_start: usize,
-    pub col_end: usize,
-    /// Rows and positions covered by one cell (1 = no aggregation).
-    pub rows_per_cell: usize,
-    pub cols_per_cell: usize,
-    /// One string per shown cell row; one [`CellClass::code`] per cell.
-    pub cells: Vec<String>,
-    /// Elements of the whole case per cell class name (not only the window).
-    pub counts: BTreeMap<String, u64>,
-    /// Whether the window is the whole case (no findings located in V(r)).
-    pub whole_case: bool,
-}
-
-/// The class of one picture cell, in increasing order of severity: a cell covering
-/// several elements shows the most severe one.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum CellClass {
-    /// Outside V(r): not read downstream, not judged.
-    Outside,
-    /// Inside V(r) but no reference was computed for the row.
-    Unchecked,
-    Ok,
-    /// The reference itself is not finite (hostile inputs): reported, not judged.
-    Undefined,
-    Mismatch,
-    NegInf,
-    PosInf,
-    Nan,
-    /// The launch-time poison survived: never written.
-    Unwritten,
-}
-
-impl CellClass {
-    pub const ALL: [CellClass; 9] = [
-        CellClass::Outside,
-        CellClass::Unchecked,
-        CellClass::Ok,
-        CellClass::Undefined,
-        CellClass::Mismatch,
-        CellClass::NegInf,
-        CellClass::PosInf,
-        CellClass::Nan,
-        CellClass::Unwritten,
-    ];
-
-    pub fn code(self) -> char {
-        match self {
-            CellClass::Outside => '.',
-            CellClass::Unchecked => '?',
-            CellClass::Ok => 'o',
-            CellClass::Undefined => 'h',
-            CellClass::Mismatch => 'm',
-            CellClass::NegInf => '-',
-            CellClass::PosInf => '+',
-            CellClass::Nan => 'n',
-            CellClass::Unwritten => 'u',
-        }
-    }
-
-    pub fn from_code(c: char) -> Option<CellClass> {
-        CellClass::ALL.into_iter().find(|k| k.code() == c)
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            CellClass::Outside => "outside",
-            CellClass::Unchecked => "unchecked",
-            CellClass::Ok => "ok",
-            CellClass::Undefined => "undefined",
-            CellClass::Mismatch => "mismatch",
-            CellClass::NegInf => "neg_inf",
-            CellClass::PosInf => "pos_inf",
-            CellClass::Nan => "nan",
-            CellClass::Unwritten => "unwritten",
-        }
-    }
-
-    /// Legend text.
-    pub fn label(self) -> &'static str {
-        match self {
-            CellClass::Outside => "outside V(r)",
-            CellClass::Unchecked => "in V(r), not checked",
-            CellClass::Ok => "ok (within bound)",
-            CellClass::Undefined => "reference undefined (hostile input)",
-            CellClass::Mismatch => "mismatch (outside bound)",
-            CellClass::NegInf => "-inf",
-            CellClass::PosInf => "+inf",
-            CellClass::Nan => "NaN (computed)",
-            CellClass::Unwritten => "unwritten (poison survived)",
-        }
-    }
-
-    /// Distinct colours (ColorBrewer-like, readable on white); RGB.
-    pub fn rgb(self) -> (u8, u8, u8) {
-        match self {
-            CellClass::Outside => (0xe8, 0xe8, 0xe8),
-            CellClass::Unchecked => (0xff, 0xff, 0xbf),
-            CellClass::Ok => (0xa6, 0xd9, 0x6a),
-            CellClass::Undefined => (0xbf, 0xa5, 0xcf),
-            CellClass::Mismatch => (0xfd, 0xae, 0x61),
-            CellClass::NegInf => (0x2c, 0x7b, 0xb6),
-            CellClass::PosInf => (0x7b, 0x32, 0x94),
-            CellClass::Nan => (0xd7, 0x19, 0x1c),
-            CellClass::Unwritten => (0xe7, 0x29, 0x8a),
-        }
-    }
-
-    pub fn hex(self) -> String {
-        let (r, g, b) = self.rgb();
-        format!("#{r:02x}{g:02x}{b:02x}")
-    }
-}
+pub use crate::oracle::picture::{CellClass, ClassMap};
 
 /// What changed between two reports, by finding signature.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
 pub struct ReportDiff {
     /// In the candidate, not in the base: regressions.
     pub new: Vec<Finding>,
-    /// In the base, not in the candidate.
+    /// In the base, not in the candidate, and its saved case no longer fails that way on
+    /// replay (or, before [`crate::report::fold::confirm_fixed`], not yet replayed).
     pub fixed: Vec<Finding>,
     /// In both (the candidate's copy).
     pub unchanged: Vec<Finding>,
+    /// In the base, not in the candidate, but its saved case still fails that way on
+    /// replay: the candidate's campaign did not meet the bug; it is not fixed.
+    pub still_failing: Vec<Finding>,
+    /// In the base, not in the candidate, and its case could not be replayed here (no
+    /// case file, a kernel that does not open): neither fixed nor failing, and why.
+    pub unconfirmed: Vec<(Finding, String)>,
 }
 
 /// Non-finite f64 as the strings `"inf"`, `"-inf"`, `"nan"`; numbers otherwise. Reads

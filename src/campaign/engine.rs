@@ -1,0 +1,212 @@
+//! Where a case is made and run: the [`Engine`] turns a case number into a draw, a
+//! recipe fitted to the kernels and a case ([`Engine::materialize`]), runs it on every
+//! kernel and judges it ([`Engine::run_case`]); corpus files are judged the same way
+//! ([`Engine::judge_file`]). What it returns is what the campaign's events carry.
+
+use super::{value_tree, Config};
+use crate::case::Case;
+use crate::generate::strategy::draw_strategy_scaled;
+use crate::generate::{Draw, Profile, Recipe};
+use crate::harness::{self, ReferenceCache};
+use crate::kernel::{self, Kernel};
+use crate::oracle::{Class, OracleConfig, Verdict};
+use crate::reference::verify::VerifyMode;
+use proptest::strategy::SBoxedStrategy;
+use std::time::Instant;
+
+pub(super) struct Engine<'a> {
+    pub cfg: &'a Config,
+    pub kernels: Vec<Box<dyn Kernel>>,
+    pub profile: Profile,
+    /// The production profile's context-length scale in force.
+    pub scale: f64,
+    /// How the other profiles' cases are verified.
+    pub verify: VerifyMode,
+    /// How production (engine-model) cases are verified.
+    pub production_verify: VerifyMode,
+}
+
+/// One kernel's judged run of a case.
+pub(super) struct KernelRun {
+    pub verdict: Verdict,
+    /// The run's wall time, and the part of it spent on the output buffer.
+    pub wall_secs: f64,
+    pub setup_secs: f64,
+    /// Time the oracle took (the reference excluded).
+    pub judge_secs: f64,
+}
+
+/// A case judged on every kernel (generated or replayed).
+pub(super) struct Judgement {
+    pub runs: Vec<KernelRun>,
+    /// The first kernel that disagrees with the first one (its index), and where.
+    pub divergence: Option<(usize, String)>,
+    pub environment_error: Option<String>,
+    pub reference_secs: f64,
+}
+
+/// Where a generated case came from.
+pub(super) struct Generated {
+    pub k: u64,
+    pub seed: u64,
+    pub recipe: Recipe,
+    /// What fitting the draw to the kernels changed.
+    pub adjustments: Vec<String>,
+    pub generate_secs: f64,
+}
+
+/// One generated case, run on every kernel.
+pub(super) struct CaseDone {
+    pub generated: Generated,
+    pub case: Case,
+    pub judgement: Judgement,
+}
+
+impl Engine<'_> {
+    /// How a case of `recipe` is verified.
+    fn verify_for(&self, recipe: &Recipe) -> VerifyMode {
+        if matches!(recipe.offsets, crate::generate::OffsetClass::Pool(_)) {
+            self.production_verify
+        } else {
+            self.verify
+        }
+    }
+
+    /// The strategy of case `k`.
+    pub fn strategy(&self, k: u64) -> SBoxedStrategy<Draw> {
+        draw_strategy_scaled(self.profile, k, self.scale)
+    }
+
+    pub fn caps(&self) -> Vec<&kernel::Capabilities> {
+        self.kernels.iter().map(|k| k.capabilities()).collect()
+    }
+
+    /// Draw → recipe (fitted to the kernels) → case.
+    pub fn materialize(&self, draw: &Draw) -> (Recipe, Case, Vec<String>) {
+        let (recipe, adjust) = draw.resolve(&self.caps());
+        let case = recipe.materialize();
+        (recipe, case, adjust)
+    }
+
+    /// Generates case `k` from its seed, runs it on every kernel and judges it.
+    pub fn run_case(&self, k: u64, seed: u64) -> CaseDone {
+        let t0 = Instant::now();
+        let draw = value_tree(&self.strategy(k), seed).current();
+        let (recipe, case, adjustments) = self.materialize(&draw);
+        let generate_secs = t0.elapsed().as_secs_f64();
+        let judgement = match case.validate() {
+            // A generator bug: report it loudly as an environment problem of ours.
+            Err(e) => Judgement {
+                runs: Vec::new(),
+                divergence: None,
+                environment_error: Some(format!(
+                    "internal error: generated case {seed:#x} is invalid: {e}"
+                )),
+                reference_secs: 0.0,
+            },
+            Ok(()) => {
+                let selection = self.verify_for(&recipe).selection(&case, seed);
+                self.judge(&case, ReferenceCache::with_selection(&case, selection))
+            }
+        };
+        CaseDone {
+            generated: Generated {
+                k,
+                seed,
+                recipe,
+                adjustments,
+                generate_secs,
+            },
+            case,
+            judgement,
+        }
+    }
+
+    /// Runs a corpus case on every kernel and judges it (every row verified).
+    pub fn judge_file(&self, case: &Case) -> Judgement {
+        self.judge(case, ReferenceCache::new(case))
+    }
+
+    fn judge(&self, case: &Case, mut refs: ReferenceCache) -> Judgement {
+        let mut runs = Vec::new();
+        let mut outputs = Vec::new();
+        let mut environment_error = None;
+        for kern in &self.kernels {
+            let j = harness::run_and_judge(kern.as_ref(), case, &mut refs, &self.cfg.oracle);
+            environment_error = environment_error.or(j.environment_error);
+            runs.push(KernelRun {
+                verdict: j.verdict,
+                wall_secs: j.wall.as_secs_f64(),
+                setup_secs: j.setup.as_secs_f64(),
+                judge_secs: j.judge.as_secs_f64(),
+            });
+            outputs.push(j.output);
+            if environment_error.is_some() {
+                break;
+            }
+        }
+        let divergence = if environment_error.is_none() {
+            first_divergence(&self.kernels, case, &outputs)
+        } else {
+            None
+        };
+        Judgement {
+            runs,
+            divergence,
+            environment_error,
+            reference_secs: refs.time.as_secs_f64(),
+        }
+    }
+}
+
+/// The first kernel (index into `kernels`) whose output disagrees with the first
+/// kernel's beyond both error bounds, and where (see [`harness::divergence`]). Kernels
+/// without an output (skipped, crashed) are not compared.
+pub fn first_divergence(
+    kernels: &[Box<dyn Kernel>],
+    case: &Case,
+    outputs: &[Option<kernel::OutputBuffer>],
+) -> Option<(usize, String)> {
+    let a = outputs.first()?.as_ref()?;
+    kernels
+        .iter()
+        .zip(outputs)
+        .enumerate()
+        .skip(1)
+        .find_map(|(i, (kb, ob))| {
+            let b = ob.as_ref()?;
+            harness::divergence(case, (kernels[0].as_ref(), a), (kb.as_ref(), b)).map(|m| (i, m))
+        })
+}
+
+/// The verdict of a divergence: one case-level `divergent` finding saying where.
+pub fn divergent_verdict(msg: &str) -> Verdict {
+    let mut v = Verdict::default();
+    v.add_case_finding(Class::Divergent, msg.to_string());
+    v
+}
+
+/// The name a divergent finding is filed under: `A vs B`.
+pub fn pair_name(a: &str, b: &str) -> String {
+    format!("{a} vs {b}")
+}
+
+/// Runs `a` and `b` on `case`: where they disagree, if they do, and `b`'s output with
+/// its reference (a divergence is pictured on the kernel that disagreed).
+pub(super) fn diverges(
+    cfg: &OracleConfig,
+    a: &dyn Kernel,
+    b: &dyn Kernel,
+    case: &Case,
+) -> (Option<String>, Option<super::book::Evidence>) {
+    let mut refs = ReferenceCache::new(case);
+    let Some(oa) = harness::run_and_judge(a, case, &mut refs, cfg).output else {
+        return (None, None);
+    };
+    let Some(ob) = harness::run_and_judge(b, case, &mut refs, cfg).output else {
+        return (None, None);
+    };
+    let msg = harness::divergence(case, (a, &oa), (b, &ob));
+    let evidence = super::book::Evidence::new(b, ob, refs);
+    (msg, Some(evidence))
+}

@@ -1,0 +1,183 @@
+//! Before the first case: the kernels opened, the corpus and report directories
+//! checked writable, the scale and verification in force decided, the report's header.
+
+use super::{interrupt, Config, Engine, CPU_PRODUCTION_SCALE, CPU_PRODUCTION_VERIFY};
+use crate::error::Fatal;
+use crate::generate::Profile;
+use crate::kernel::{self, Kernel};
+use crate::reference::verify::VerifyMode;
+use crate::report::{self, KernelInfo, KernelStats, Report, REPORT_VERSION};
+use std::path::Path;
+
+pub(super) fn tool_version() -> String {
+    env!("CARGO_PKG_VERSION").to_string()
+}
+
+fn environment(command_line: &str) -> report::Environment {
+    report::Environment {
+        hostname: std::fs::read_to_string("/etc/hostname")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default(),
+        os: format!("{} {}", std::env::consts::OS, std::env::consts::ARCH),
+        cpus: std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1),
+        gpus: Vec::new(),
+        command_line: command_line.to_string(),
+    }
+}
+
+/// Fails before the campaign starts when the report directory cannot take a file (read
+/// only, full disk, not a directory), instead of after hours of fuzzing.
+fn check_writable(dir: &Path) -> Result<(), Fatal> {
+    let probe = dir.join(".mqa-fuzz-write-probe");
+    crate::util::write_atomic(&probe, b"probe\n")
+        .and_then(|()| std::fs::remove_file(&probe))
+        .map_err(|e| {
+            Fatal::usage(format!(
+                "{}: report directory is not writable: {e}",
+                dir.display()
+            ))
+        })
+}
+
+/// Fails before the campaign starts when the corpus directory cannot take the findings
+/// (`--corpus` names a file, a path under a file, a read-only directory): a finding
+/// that cannot be saved is a finding that cannot be reproduced.
+fn check_corpus_dir(dir: &Path) -> Result<(), Fatal> {
+    if dir.exists() && !dir.is_dir() {
+        return Err(Fatal::usage(format!(
+            "{}: corpus directory is not a directory (--corpus must name a directory)",
+            dir.display()
+        )));
+    }
+    std::fs::create_dir_all(dir).map_err(|e| {
+        Fatal::usage(format!(
+            "{}: cannot create corpus directory: {e}",
+            dir.display()
+        ))
+    })?;
+    let probe = dir.join(".mqa-fuzz-write-probe");
+    crate::util::write_atomic(&probe, b"probe\n")
+        .and_then(|()| std::fs::remove_file(&probe))
+        .map_err(|e| {
+            Fatal::usage(format!(
+                "{}: corpus directory is not writable: {e}",
+                dir.display()
+            ))
+        })
+}
+
+/// Opens the kernels, checks the directories, loads the corpus to replay and decides
+/// the scale and verification in force (said in one line for engine-sized profiles).
+pub(super) fn start(
+    cfg: &Config,
+) -> Result<(Engine<'_>, Vec<(std::path::PathBuf, crate::case::CaseFile)>), Fatal> {
+    if cfg.kernels.is_empty() {
+        return Err(Fatal::usage("no kernel given"));
+    }
+    let kernels: Vec<Box<dyn Kernel>> = cfg
+        .kernels
+        .iter()
+        .map(|k| match &cfg.gpus {
+            Some(g) => kernel::cuda::open_on_gpus(k, g).unwrap_or_else(|| kernel::open(k)),
+            None => kernel::open(k),
+        })
+        .collect::<Result<_, _>>()?;
+    if cfg.save_corpus {
+        check_corpus_dir(&cfg.corpus_dir)?;
+    }
+    let corpus = if cfg.replay_corpus {
+        super::corpus::load_all(&cfg.corpus_dir)?
+    } else {
+        Vec::new()
+    };
+    std::fs::create_dir_all(&cfg.report_dir).map_err(|e| {
+        Fatal::usage(format!(
+            "{}: cannot create report directory: {e}",
+            cfg.report_dir.display()
+        ))
+    })?;
+    check_writable(&cfg.report_dir)?;
+    interrupt::install();
+
+    let full_size = kernels.iter().any(|k| k.on_accelerator());
+    let scale = cfg
+        .scale
+        .unwrap_or(if full_size { 1.0 } else { CPU_PRODUCTION_SCALE });
+    let engine_sized = matches!(cfg.profile, Profile::Production | Profile::All);
+    let production_verify = cfg.verify.unwrap_or(if full_size {
+        VerifyMode::Full
+    } else {
+        CPU_PRODUCTION_VERIFY
+    });
+    if engine_sized && !cfg.quiet {
+        eprintln!(
+            "mqa-fuzz: production cases at {} an engine's context lengths ({}), verified {production_verify}",
+            super::scale_words(scale),
+            if cfg.scale.is_some() {
+                "--scale"
+            } else if full_size {
+                "a kernel on an accelerator"
+            } else {
+                "CPU kernels; --scale 1 for full size"
+            }
+        );
+    }
+    let engine = Engine {
+        cfg,
+        kernels,
+        profile: cfg.profile,
+        scale,
+        verify: cfg.verify.unwrap_or_default(),
+        production_verify,
+    };
+    Ok((engine, corpus))
+}
+
+/// The report before the first case: who, what, where, and an empty tally per kernel.
+pub(super) fn new_report(engine: &Engine, started_unix: u64) -> Report {
+    let cfg = engine.cfg;
+    let mut report = Report {
+        report_version: REPORT_VERSION,
+        tool_version: tool_version(),
+        run_id: cfg
+            .report_dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        started_unix,
+        environment: environment(&cfg.command_line),
+        kernels: engine
+            .kernels
+            .iter()
+            .map(|k| KernelInfo {
+                name: k.name().to_string(),
+                version: k.version(),
+                planted_bug: kernel::is_planted_bug(k.name()),
+                capabilities: serde_json::to_value(k.capabilities()).unwrap_or_default(),
+            })
+            .collect(),
+        profile: cfg.profile.name().to_string(),
+        seed: cfg.seed,
+        shard: cfg.shard,
+        budget_secs: cfg.budget.map(|d| d.as_secs_f64()),
+        max_cases: cfg.max_cases,
+        coverage: super::coverage::expected(&engine.caps(), cfg.profile),
+        ..Default::default()
+    };
+    for k in &engine.kernels {
+        report
+            .per_kernel
+            .insert(k.name().to_string(), KernelStats::default());
+    }
+    report
+}
+
+/// Writes the report and `cases.jsonl` (atomically).
+pub(super) fn write_report(dir: &Path, report: &Report, cases_log: &str) -> Result<(), Fatal> {
+    report::write_all(dir, report)
+        .map_err(|e| Fatal::usage(format!("{}: cannot write the report: {e}", dir.display())))?;
+    crate::util::write_atomic(&dir.join("cases.jsonl"), cases_log.as_bytes())
+        .map_err(|e| Fatal::usage(format!("{}: cannot write cases.jsonl: {e}", dir.display())))
+}

@@ -1,0 +1,205 @@
+//! The one element scan: every element of V(r) is classified here, once, with the
+//! oracle's rules, and handed to an [`ElementSink`]. The verdict
+//! ([`super::judge`]) and a finding's picture ([`super::picture`]) are two sinks of
+//! the same scan, so they can never disagree about an element.
+
+use super::{classify, Class, ElementClass, ErrorBound};
+use crate::case::Case;
+use crate::kernel::{OutputBuffer, POISON_BITS};
+use crate::reference::{self, Reference, RowReference};
+use std::ops::Range;
+
+/// How the oracle saw one element of V(r).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Seen {
+    /// Finite, and outside the reference sample: not judged.
+    Unchecked,
+    /// The exact value is not a finite f32 (hostile inputs): reported, not judged.
+    Undefined,
+    /// Within its bound; `bound` is what `|err|` is measured against (the cheap lower
+    /// bound while the error is small against it, else the full one).
+    Ok { err: f64, bound: f64 },
+    /// A finding; `bound` is the full bound where one applies (finite values).
+    Finding { class: Class, bound: Option<f64> },
+}
+
+/// One element of V(r) as the oracle saw it.
+#[derive(Clone, Copy, Debug)]
+pub struct Element {
+    pub row: usize,
+    pub pos: usize,
+    pub got: f32,
+    /// The exact value (`None` for an unchecked element).
+    pub expected: Option<f64>,
+    /// Whether the element is in the reference (dense rows: all; sampled: the listed
+    /// positions). Elements outside it are judged only when not finite.
+    pub listed: bool,
+    pub seen: Seen,
+}
+
+impl Element {
+    /// `|err| / bound` for the error histogram: `Some(Some(x))` for a finite value with
+    /// a defined reference, `Some(None)` for NaN/±inf/unwritten, `None` when the element
+    /// is not judged (unchecked, undefined).
+    pub fn ratio(&self) -> Option<Option<f64>> {
+        match self.seen {
+            Seen::Unchecked | Seen::Undefined => None,
+            Seen::Ok { err, bound } => Some(Some(ratio(err, bound))),
+            Seen::Finding { bound, .. } if self.got.is_finite() => {
+                let err = (self.got as f64 - self.expected.unwrap_or(f64::NAN)).abs();
+                Some(Some(bound.map_or(f64::INFINITY, |b| ratio(err, b))))
+            }
+            Seen::Finding { .. } => Some(None),
+        }
+    }
+
+    /// Whether `nan_to_num_(-inf)` would change this element: a NaN, ±inf or surviving
+    /// poison where the exact value is a finite f32.
+    pub fn guard_would_change(&self) -> bool {
+        !self.got.is_finite() && self.seen != Seen::Undefined
+    }
+}
+
+fn ratio(err: f64, bound: f64) -> f64 {
+    if bound > 0.0 {
+        err / bound
+    } else if err == 0.0 {
+        0.0
+    } else {
+        f64::INFINITY
+    }
+}
+
+/// What consumes the scan.
+pub trait ElementSink {
+    fn element(&mut self, e: &Element);
+    /// After the elements of row `r`: the whole output row (V(r) is `row[..len]`) and
+    /// the row's reference, if computed.
+    fn row_end(&mut self, _r: usize, _row: &[f32], _len: usize, _rref: Option<&RowReference>) {}
+}
+
+/// Classifies every element of V(r) of `rows` and feeds `sink`.
+pub fn scan<S: ElementSink>(
+    case: &Case,
+    reference: &Reference,
+    bound: &ErrorBound,
+    out: &OutputBuffer,
+    rows: Range<usize>,
+    sink: &mut S,
+) {
+    let end = rows.end.min(case.rows()).min(out.rows);
+    for r in rows.start..end {
+        let row = out.row(r);
+        let len = case.valid_len(r).min(row.len());
+        let rref = reference.rows.get(r).and_then(|x| x.as_ref());
+        let mut listed = rref.map(|rr| rr.elements().take_while(|&(t, _, _)| t < len).peekable());
+        for (t, &got) in row[..len].iter().enumerate() {
+            let e = match listed
+                .as_mut()
+                .and_then(|it| it.next_if(|&(p, _, _)| p == t))
+            {
+                Some((_, exp, relu_mag)) => {
+                    listed_element(case, reference, bound, (r, t), got, exp, relu_mag)
+                }
+                None if got.is_finite() => Element {
+                    row: r,
+                    pos: t,
+                    got,
+                    expected: None,
+                    listed: false,
+                    seen: Seen::Unchecked,
+                },
+                None => unlisted_element(case, reference, bound, (r, t), got),
+            };
+            sink.element(&e);
+        }
+        sink.row_end(r, row, len, rref);
+    }
+}
+
+/// An element with a reference value: classified, with the bound its error is
+/// measured against.
+fn listed_element(
+    case: &Case,
+    reference: &Reference,
+    bound: &ErrorBound,
+    (r, t): (usize, usize),
+    got: f32,
+    exp: f64,
+    relu_mag: f64,
+) -> Element {
+    let full = || {
+        let (_, m, a) = reference::element(case, reference.placement, r, t);
+        bound.full(m, a)
+    };
+    let mut full_bound = None;
+    let class = classify(got, exp, relu_mag, bound, || {
+        let (_, m, a) = reference::element(case, reference.placement, r, t);
+        full_bound = Some(bound.full(m, a));
+        a
+    });
+    let seen = match class {
+        ElementClass::Ok => {
+            let err = (got as f64 - exp).abs();
+            // The cheap lower bound accepted it; for the reported ratio use the full
+            // bound whenever the error is a noticeable part of the cheap one, so "max
+            // err/bound" is not inflated by the cheap shortcut.
+            let b = full_bound.unwrap_or_else(|| {
+                let lo = bound.lower(relu_mag);
+                if err > 0.25 * lo {
+                    full()
+                } else {
+                    lo
+                }
+            });
+            Seen::Ok { err, bound: b }
+        }
+        ElementClass::Undefined => Seen::Undefined,
+        ElementClass::Finding(class) => Seen::Finding {
+            class,
+            bound: full_bound,
+        },
+    };
+    Element {
+        row: r,
+        pos: t,
+        got,
+        expected: Some(exp),
+        listed: true,
+        seen,
+    }
+}
+
+/// A NaN, ±inf or poison outside the reference sample, judged against that one
+/// element's plain reference (a sampled verdict is never "clean" while the guard says
+/// it is needed).
+fn unlisted_element(
+    case: &Case,
+    reference: &Reference,
+    bound: &ErrorBound,
+    (r, t): (usize, usize),
+    got: f32,
+) -> Element {
+    let (exp, relu_mag, abs_mag) = reference::element(case, reference.placement, r, t);
+    let seen = match classify(got, exp, relu_mag, bound, || abs_mag) {
+        ElementClass::Finding(class) => Seen::Finding {
+            class,
+            bound: Some(bound.full(relu_mag, abs_mag)),
+        },
+        ElementClass::Undefined => Seen::Undefined,
+        // A non-finite value is never within a bound; kept total for the type's sake.
+        ElementClass::Ok => Seen::Ok {
+            err: 0.0,
+            bound: 0.0,
+        },
+    };
+    debug_assert!(got.to_bits() == POISON_BITS || !got.is_finite());
+    Element {
+        row: r,
+        pos: t,
+        got,
+        expected: Some(exp),
+        listed: false,
+        seen,
+    }
+}

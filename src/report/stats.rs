@@ -1,0 +1,99 @@
+//! The tally of one kernel: [`KernelStats::record`] folds one verdict in (the campaign,
+//! the tests) and `+=` folds two tallies (shards in `merge`, kernels), so every
+//! statistic is counted by one rule.
+
+use super::model::{shape_class, KernelStats};
+use crate::case::Case;
+use crate::oracle::{Class, Verdict};
+use std::collections::BTreeMap;
+use std::ops::AddAssign;
+
+impl KernelStats {
+    /// Folds one verdict of a case into the statistics; returns the kernel time it
+    /// counted (the kernel's own clock where it reports one, else the run's wall time).
+    pub fn record(&mut self, v: &Verdict, run_wall_secs: f64, setup_secs: f64, case: &Case) -> f64 {
+        let kernel_secs = v.run.kernel_time.map_or(run_wall_secs, |d| d.as_secs_f64());
+        if v.skipped.is_some() {
+            self.skipped += 1;
+            return kernel_secs;
+        }
+        if let Some(t) = v.run.kernel_time {
+            self.kernel_time_by_shape
+                .entry(shape_class(case))
+                .or_default()
+                .record(t.as_secs_f64());
+        }
+        self.cases += 1;
+        if v.is_clean() {
+            self.clean += 1;
+        } else {
+            self.with_findings += 1;
+        }
+        for (c, n) in &v.classes {
+            *self.class_totals.entry(*c).or_default() += n;
+        }
+        self.run_wall_secs += run_wall_secs;
+        self.output_setup_secs += setup_secs;
+        self.rows_checked += v.metrics.rows_checked;
+        self.logits_checked += v.metrics.checked;
+        self.kernel_secs += kernel_secs;
+        // A crashed case has no output for the guard to act on: not counted either way.
+        if v.classes.contains_key(&Class::Crash) {
+            return kernel_secs;
+        }
+        let g = &mut self.guard;
+        g.cases += 1;
+        g.redundant_cases += v.guard.redundant as u64;
+        g.rows_affected += v.guard.rows_affected;
+        g.nan += v.guard.nan;
+        g.pos_inf += v.guard.pos_inf;
+        g.neg_inf += v.guard.neg_inf;
+        self.max_err_over_bound = max_ratio(self.max_err_over_bound, v.metrics.max_err_over_bound);
+        kernel_secs
+    }
+}
+
+/// The larger ratio; an infinite or NaN one (a NaN element) always wins.
+fn max_ratio(a: f64, b: f64) -> f64 {
+    if b > a || b.is_nan() {
+        b
+    } else {
+        a
+    }
+}
+
+pub(crate) fn add_map<K: Ord + Clone>(into: &mut BTreeMap<K, u64>, from: &BTreeMap<K, u64>) {
+    for (k, v) in from {
+        *into.entry(k.clone()).or_default() += v;
+    }
+}
+
+impl AddAssign<&KernelStats> for KernelStats {
+    fn add_assign(&mut self, k: &KernelStats) {
+        self.cases += k.cases;
+        self.clean += k.clean;
+        self.with_findings += k.with_findings;
+        self.skipped += k.skipped;
+        add_map(&mut self.class_totals, &k.class_totals);
+        self.rows_checked += k.rows_checked;
+        self.logits_checked += k.logits_checked;
+        let (g, h) = (&mut self.guard, &k.guard);
+        g.cases += h.cases;
+        g.redundant_cases += h.redundant_cases;
+        g.rows_affected += h.rows_affected;
+        g.nan += h.nan;
+        g.pos_inf += h.pos_inf;
+        g.neg_inf += h.neg_inf;
+        self.kernel_secs += k.kernel_secs;
+        self.run_wall_secs += k.run_wall_secs;
+        self.output_setup_secs += k.output_setup_secs;
+        for (class, t) in &k.kernel_time_by_shape {
+            self.kernel_time_by_shape
+                .entry(class.clone())
+                .or_default()
+                .merge(t);
+        }
+        self.population.merge(&k.population);
+        self.max_err_over_bound = max_ratio(self.max_err_over_bound, k.max_err_over_bound);
+    }
+}
