@@ -159,6 +159,8 @@ struct Known {
     class: Class,
     reason: Option<String>,
     trigger: Vec<Feature>,
+    /// Whether the trigger's ablation ran to the end.
+    complete: bool,
     index: usize,
 }
 
@@ -382,7 +384,7 @@ impl Book {
             .get(&key)
             .copied()
             .map(|i| (i, false))
-            .or_else(|| self.same_bug(&sig));
+            .or_else(|| self.same_bug(&sig, trigger.complete));
         let new = if let Some((i, false)) = same {
             self.count(i);
             self.raw.insert(raw, i);
@@ -503,7 +505,7 @@ impl Book {
             .by_key
             .get(&sig.key())
             .map(|&i| (i, false))
-            .or_else(|| self.same_bug(&sig))
+            .or_else(|| self.same_bug(&sig, trigger.complete))
         {
             self.count(i);
             return;
@@ -531,11 +533,15 @@ impl Book {
 
     /// A known finding that is the same bug as `sig` though its trigger differs: same
     /// kernel and reason, classes of one bug ([`same_bug_classes`]), and one trigger
-    /// contains the other (the larger one is
-    /// the bug seen on a more special case, whose extra features only looked necessary
-    /// there). `(index, true)` when `sig`'s trigger is the smaller one: the finding is
-    /// to be generalised to it.
-    fn same_bug(&self, sig: &Signature) -> Option<(usize, bool)> {
+    /// contains the other (the larger one is the bug seen on a more special case, whose
+    /// extra features only looked necessary there). `(index, true)` when `sig`'s trigger
+    /// is the smaller one: the finding is to be generalised to it.
+    ///
+    /// An empty trigger contains nothing: a bug that needs nothing special is not the
+    /// same as one whose complete ablation showed it needs some feature (removing that
+    /// feature made its case clean, which the first bug would not), so the two stay
+    /// apart unless the larger trigger's ablation was cut short.
+    fn same_bug(&self, sig: &Signature, complete: bool) -> Option<(usize, bool)> {
         self.known.iter().find_map(|k| {
             if self.merged_into[k.index] != k.index
                 || k.kernel != sig.kernel
@@ -545,10 +551,13 @@ impl Book {
                 return None;
             }
             let within = |a: &[Feature], b: &[Feature]| a.iter().all(|f| b.contains(f));
+            let apart = |small: &[Feature], large: &[Feature], large_complete: bool| {
+                small.is_empty() && !large.is_empty() && large_complete
+            };
             if within(&k.trigger, &sig.trigger) {
-                Some((k.index, false))
+                (!apart(&k.trigger, &sig.trigger, complete)).then_some((k.index, false))
             } else if within(&sig.trigger, &k.trigger) {
-                Some((k.index, true))
+                (!apart(&sig.trigger, &k.trigger, k.complete)).then_some((k.index, true))
             } else {
                 None
             }
@@ -571,6 +580,7 @@ impl Book {
                     && same_bug_classes(k.class, sig.class, &sig.trigger)
                     && k.reason == sig.reason
                     && within(&sig.trigger, &k.trigger)
+                    && !(sig.trigger.is_empty() && !k.trigger.is_empty() && k.complete)
             })
             .map(|k| k.index)
             .collect();
@@ -594,6 +604,7 @@ impl Book {
         self.merged_into[i] = i;
         self.by_key.insert(f.signature.clone(), i);
         self.known[i].trigger = sig.trigger;
+        self.known[i].complete = f.trigger_complete;
         self.findings[i] = f;
     }
 
@@ -605,6 +616,7 @@ impl Book {
             class: sig.class,
             reason: sig.reason,
             trigger: sig.trigger,
+            complete: f.trigger_complete,
             index: i,
         });
         self.findings.push(f);
@@ -705,5 +717,54 @@ impl Book {
             }
             None => (None, Vec::new()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sig(trigger: &[Feature]) -> Signature {
+        Signature {
+            kernel: "k".into(),
+            class: Class::Mismatch,
+            reason: None,
+            trigger: trigger.to_vec(),
+        }
+    }
+
+    fn book_with(trigger: &[Feature], complete: bool) -> Book {
+        let mut b = Book::default();
+        let s = sig(trigger);
+        let f = Finding {
+            signature: s.key(),
+            trigger_complete: complete,
+            ..Default::default()
+        };
+        b.add(s, f);
+        b
+    }
+
+    #[test]
+    fn a_bug_that_needs_nothing_does_not_absorb_one_that_needs_an_offset() {
+        // Known: needs nothing. New: complete ablation says it needs KV offsets ≥ 2^32.
+        let b = book_with(&[], true);
+        assert_eq!(b.same_bug(&sig(&[Feature::KvOffset4g]), true), None);
+        // Cut short, the new trigger proves nothing: the same bug.
+        assert_eq!(
+            b.same_bug(&sig(&[Feature::KvOffset4g]), false),
+            Some((0, false))
+        );
+        // Known: needs the offset (complete). New: needs nothing: another bug.
+        let b = book_with(&[Feature::KvOffset4g], true);
+        assert_eq!(b.same_bug(&sig(&[]), true), None);
+        let b = book_with(&[Feature::KvOffset4g], false);
+        assert_eq!(b.same_bug(&sig(&[]), true), Some((0, true)));
+        // A non-empty smaller trigger still generalises (the block size only looked needed).
+        let b = book_with(&[Feature::KvOffset4g, Feature::BlockSize], true);
+        assert_eq!(
+            b.same_bug(&sig(&[Feature::KvOffset4g]), true),
+            Some((0, true))
+        );
     }
 }
