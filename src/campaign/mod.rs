@@ -18,6 +18,7 @@ mod progress;
 mod save;
 mod setup;
 mod shrink;
+mod subject;
 
 pub use engine::{divergent_verdict, first_divergence, pair_name};
 pub use save::{replay_command, FALLBACK_DIR};

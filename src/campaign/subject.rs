@@ -1,0 +1,145 @@
+//! What the finding book files: a failure of a [`Subject`] (one kernel, or a pair that
+//! disagrees), which it can run again on a candidate case (shrinking, ablation) and
+//! whose output it keeps as [`Evidence`] for the finding's picture.
+
+use super::engine::{divergent_verdict, diverges, pair_name, Engine};
+use super::progress::Progress;
+use crate::case::Case;
+use crate::finding::Feature;
+use crate::generate::Recipe;
+use crate::harness::{self, ReferenceCache};
+use crate::kernel::{Capabilities, Kernel, OutputBuffer};
+use crate::oracle::{Class, Verdict};
+use crate::reference::Reference;
+use crate::report::Timings;
+use std::time::Instant;
+
+/// What failed: one kernel, or two kernels that disagree (a divergence).
+#[derive(Clone, Copy)]
+pub(super) enum Subject<'k> {
+    Kernel(&'k dyn Kernel),
+    Pair(&'k dyn Kernel, &'k dyn Kernel),
+}
+
+impl Subject<'_> {
+    pub fn name(&self) -> String {
+        match self {
+            Subject::Kernel(k) => k.name().to_string(),
+            Subject::Pair(a, b) => pair_name(a.name(), b.name()),
+        }
+    }
+
+    pub fn kernels(&self) -> Vec<&str> {
+        match self {
+            Subject::Kernel(k) => vec![k.name()],
+            Subject::Pair(a, b) => vec![a.name(), b.name()],
+        }
+    }
+
+    /// Runs and judges a candidate case (a divergence: runs both and compares), with
+    /// the output it judged.
+    pub fn judge(&self, engine: &Engine, case: &Case) -> (Verdict, Option<Evidence>) {
+        match self {
+            Subject::Kernel(k) => {
+                let mut refs = ReferenceCache::new(case);
+                let j = harness::run_and_judge(*k, case, &mut refs, &engine.cfg.oracle);
+                let evidence = j.output.map(|out| Evidence::new(*k, out, refs));
+                (j.verdict, evidence)
+            }
+            Subject::Pair(a, b) => {
+                let (msg, evidence) = diverges(&engine.cfg.oracle, *a, *b, case);
+                (
+                    msg.map(|m| divergent_verdict(&m)).unwrap_or_default(),
+                    evidence,
+                )
+            }
+        }
+    }
+}
+
+/// A judged output with the reference it was judged against: what a finding's picture
+/// is drawn from, by the oracle's own element scan.
+pub(super) struct Evidence {
+    caps: Capabilities,
+    output: OutputBuffer,
+    reference: Reference,
+}
+
+impl Evidence {
+    pub fn new(kernel: &dyn Kernel, output: OutputBuffer, refs: ReferenceCache) -> Evidence {
+        let caps = kernel.capabilities().clone();
+        let reference = refs.into_reference(caps.scale_placement);
+        Evidence {
+            caps,
+            output,
+            reference,
+        }
+    }
+
+    /// The class map and error histogram of `case` (the case this output is of).
+    pub fn draw(&self, case: &Case) -> (crate::report::ClassMap, Vec<u64>) {
+        crate::oracle::picture::draw(case, &self.reference, &self.caps, &self.output)
+    }
+}
+
+/// Whether findings of classes `a` and `b` (with `trigger`) can be one bug: the same
+/// class; or two value classes (`mismatch`, `nan`, `inf`, `unwritten`) of a bug that
+/// needs something special: a wrapped offset reads poisoned bytes (nan) in one case and
+/// another block's values (mismatch) in the next, and one 2-D-lengths bug shows as
+/// mismatch, unwritten and nan. Crashes and contract classes stay apart.
+pub(crate) fn same_bug_classes(a: Class, b: Class, trigger: &[Feature]) -> bool {
+    let value = |c: Class| {
+        matches!(
+            c,
+            Class::Mismatch | Class::Nan | Class::Inf | Class::Unwritten
+        )
+    };
+    a == b || (!trigger.is_empty() && value(a) && value(b))
+}
+
+/// The smaller of two triggers (what two findings to be merged both need).
+pub(super) fn smaller<'t>(a: &'t [Feature], b: &'t [Feature]) -> &'t [Feature] {
+    if a.len() <= b.len() {
+        a
+    } else {
+        b
+    }
+}
+
+/// An ablation run's answer ([`ablate`]): the failure still shows, the case is clean,
+/// or neither (skipped, or another failure that may hide this one).
+pub(super) fn ablation_outcome(v: &Verdict, keep: &dyn Fn(&Verdict) -> bool) -> Option<bool> {
+    if v.skipped.is_some() {
+        None
+    } else if keep(v) {
+        Some(true)
+    } else if v.is_clean() {
+        Some(false)
+    } else {
+        None
+    }
+}
+
+/// One failing case to file.
+pub(super) struct Failure {
+    pub recipe: Recipe,
+    pub case: Case,
+    pub verdict: Verdict,
+    /// The campaign case `(k, seed)` it came from; `None` for a case that cannot be
+    /// regenerated from a seed (met while shrinking another), which is not shrunk.
+    pub origin: Option<(u64, u64)>,
+    /// For a case met while shrinking: the campaign case whose shrinking met it (for
+    /// the corpus file's note).
+    pub parent: Option<(u64, u64)>,
+}
+
+/// What the campaign lends the book for one failure.
+pub(super) struct Ctx<'a, 'e> {
+    pub engine: &'a Engine<'e>,
+    pub progress: &'a mut Progress,
+    pub timings: &'a mut Timings,
+    /// Generated cases so far (for detections).
+    pub generated: u64,
+    pub started: Instant,
+    pub deadline: Option<Instant>,
+}
