@@ -431,6 +431,10 @@ fn double_bug_runs(
     cfg.quiet = true;
     cfg.stop_after_findings = Some(DOUBLE_BUG.len());
     cfg.shrink_budget = Duration::from_secs(30);
+    // Telling two bugs apart is the question here, not size: production cases at the
+    // CPU's scale on every backend (full-size GiB cases on an accelerator are shrunk and
+    // ablated with a CPU reference, minutes per finding).
+    cfg.scale = Some(campaign::CPU_PRODUCTION_SCALE);
     let out = campaign::run(&cfg)?;
     let has = |f: &crate::report::Finding, needs: &[Feature]| {
         needs
