@@ -7,8 +7,8 @@ use crate::error::{exit, Fatal};
 use crate::generate::Profile;
 use crate::harness::{self, ReferenceCache};
 use crate::kernel;
-use crate::oracle::{OracleConfig, Verdict};
-use crate::report::Shard;
+use crate::oracle::OracleConfig;
+use crate::shard::Shard;
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -75,15 +75,16 @@ pub enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(Bench),
-    /// Checks the CUDA kernels, planted bugs and GPU oracle on this machine's GPU.
+    /// Checks the CUDA kernels, planted bugs and the exact GPU reference on this machine's GPU.
     #[command(hide = true)]
     GpuSelfcheck {
         /// Random cases per kernel.
         #[arg(long, default_value_t = 60)]
         cases: usize,
-        /// Random cases for the GPU oracle's bit-identity check.
-        #[arg(long, default_value_t = 60)]
-        oracle_cases: usize,
+        /// Random cases for the GPU reference's bit-identity check (`--oracle-cases`: the
+        /// old name, kept for scripts).
+        #[arg(long, default_value_t = 60, alias = "oracle-cases")]
+        reference_cases: usize,
     },
     /// Compiles every CUDA kernel variant into the disk cache (NVRTC only, no GPU needed).
     #[command(hide = true)]
@@ -146,8 +147,10 @@ pub enum Bench {
         #[arg(long)]
         json: bool,
     },
-    /// GPU oracle: kernel time, GPU-oracle time, CPU cross-check time and verified logits/s.
-    Oracle,
+    /// GPU: kernel time, exact GPU reference time, CPU cross-check time and verified
+    /// logits/s (`bench oracle`: the old name, kept for scripts).
+    #[command(alias = "oracle")]
+    Gpu,
 }
 
 /// Runs the parsed command; returns the exit code.
@@ -166,7 +169,7 @@ pub fn dispatch(cli: Cli) -> Result<i32, Fatal> {
                     "nothing was judged: --seeds 0 runs no campaign (give at least 1 seed per planted bug)",
                 ));
             }
-            crate::campaign::interrupt::install();
+            crate::interrupt::install();
             crate::selftest::run(&crate::selftest::Options {
                 backend,
                 budget,
@@ -183,13 +186,13 @@ pub fn dispatch(cli: Cli) -> Result<i32, Fatal> {
             topk,
             json,
         } => cmd_replay(&files, &kernels, topk, json),
-        Command::Bench(Bench::Oracle) => kernel::cuda::bench::bench_oracle(),
+        Command::Bench(Bench::Gpu) => crate::bench::gpu::bench_gpu(),
         Command::GpuSelfcheck {
             cases,
-            oracle_cases,
-        } => kernel::cuda::bench::selfcheck(cases, oracle_cases),
+            reference_cases,
+        } => crate::bench::gpu::selfcheck(cases, reference_cases),
         Command::GpuPrecompile { arch } => {
-            let n = kernel::cuda::bench::precompile(&arch).map_err(Fatal::environment)?;
+            let n = crate::bench::gpu::precompile(&arch).map_err(Fatal::environment)?;
             crate::outln!(
                 "compiled {n} kernel variants for {arch} into {:?}",
                 kernel::cuda::compile::cache_dir()
@@ -219,7 +222,7 @@ fn cmd_worker(name: &str, fault: Option<&str>) -> Result<i32, Fatal> {
         .map(kernel::exec::server::Fault::parse)
         .transpose()
         .map_err(Fatal::usage)?;
-    kernel::exec::server::serve(name, fault)
+    kernel::exec::server::serve(name, kernel::open(name), fault)
 }
 
 fn cmd_kernels(json: bool) -> Result<i32, Fatal> {
@@ -255,45 +258,6 @@ fn cmd_kernels(json: bool) -> Result<i32, Fatal> {
         crate::outln!("{:width$}  {:<11}  {}", "", "", e.description);
     }
     Ok(exit::CLEAN)
-}
-
-/// One line summarizing a verdict for the terminal.
-pub fn verdict_line(v: &Verdict) -> String {
-    if let Some(why) = &v.skipped {
-        return format!("skipped ({why})");
-    }
-    if v.is_clean() {
-        return format!(
-            "clean ({} rows, {} logits checked, max err/bound {:.3}, calc_diff {:.2e}, guard {})",
-            v.metrics.rows_checked,
-            v.metrics.checked,
-            v.metrics.max_err_over_bound,
-            v.metrics.calc_diff,
-            if v.guard.redundant {
-                "redundant"
-            } else {
-                "NEEDED"
-            }
-        );
-    }
-    let classes: Vec<String> = v.classes.iter().map(|(c, n)| format!("{c} x{n}")).collect();
-    let mut s = format!("FINDING {}", classes.join(", "));
-    if let Some(e) = v.examples.first() {
-        s.push_str(&format!("; first {}", e.class));
-        if let (Some(r), Some(t)) = (e.row, e.pos) {
-            s.push_str(&format!(" at row {r} position {t}"));
-        }
-        if let Some(x) = e.expected {
-            s.push_str(&format!(" expected {x:e}"));
-        }
-        if let Some(g) = &e.got {
-            s.push_str(&format!(" got {g}"));
-        }
-        if let Some(d) = &e.detail {
-            s.push_str(&format!(": {d}"));
-        }
-    }
-    s
 }
 
 /// The kernels a file replays on without `--kernel`: those recorded in it (both of a
@@ -393,7 +357,7 @@ fn cmd_replay(
                     "verdict": v,
                 }));
             } else {
-                crate::outln!("{}  {}  {}", path.display(), name, verdict_line(&v));
+                crate::outln!("{}  {}  {}", path.display(), name, v);
             }
         }
         if kernels.len() >= 2 {
@@ -575,10 +539,10 @@ pub fn parse_shard(s: &str) -> Result<Shard, String> {
 }
 
 /// Shard from a Slurm job array or a Kubernetes indexed Job, when present (see
-/// [`crate::report::shard_from_env`]: Slurm arrays not starting at 0 or with a step,
+/// [`crate::shard::shard_from_env`]: Slurm arrays not starting at 0 or with a step,
 /// and an index without its count, are handled there).
 pub fn shard_from_env() -> Result<Option<Shard>, Fatal> {
-    crate::report::shard_from_env()
+    crate::shard::shard_from_env()
 }
 
 /// Values clap accepts but a campaign cannot use: exit 2 with one line before anything runs.

@@ -14,7 +14,7 @@ use crate::finding::Feature;
 use crate::generate::Profile;
 use crate::harness;
 use crate::kernel;
-use crate::kernel::cpu::Plant;
+use crate::kernel::Plant;
 use serde::Serialize;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -178,7 +178,7 @@ pub fn run(opt: &Options) -> Result<i32, Fatal> {
     for name in &bugs {
         let mut times = Vec::new();
         for seed in 1..=opt.seeds {
-            if campaign::interrupt::requested() {
+            if crate::interrupt::requested() {
                 break;
             }
             let dir = work.join(format!("{}-{seed}", name.replace(':', "_")));
@@ -238,7 +238,7 @@ pub fn run(opt: &Options) -> Result<i32, Fatal> {
             .insert(name.clone(), median(&mut times));
     }
     for name in &bugs {
-        if campaign::interrupt::requested() {
+        if crate::interrupt::requested() {
             break;
         }
         let run = production_run(name, &work, opt.budget * PRODUCTION_BUDGET_FACTOR)?;
@@ -250,7 +250,7 @@ pub fn run(opt: &Options) -> Result<i32, Fatal> {
     }
     for name in &doubles {
         for seed in 1..=opt.seeds {
-            if campaign::interrupt::requested() {
+            if crate::interrupt::requested() {
                 break;
             }
             for run in double_bug_runs(opt, &work, name, seed)? {
@@ -263,7 +263,7 @@ pub fn run(opt: &Options) -> Result<i32, Fatal> {
         }
     }
     for name in &clean {
-        if campaign::interrupt::requested() {
+        if crate::interrupt::requested() {
             break;
         }
         let dir = work.join(name.replace(':', "_"));
@@ -382,7 +382,7 @@ fn production_run(
     let out = campaign::run(&cfg)?;
     let plant = name
         .split_once(":bug-")
-        .and_then(|(_, p)| kernel::cpu::Plant::parse(p));
+        .and_then(|(_, p)| kernel::Plant::parse(p));
     let det = out.detections.first();
     Ok(ProductionRun {
         kernel: name.to_string(),

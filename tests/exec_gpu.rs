@@ -4,10 +4,9 @@
 //! Hand-built cases over the axes DeepGEMM must survive (lengths 0/1/<N, 2-D lengths,
 //! caches past 2 and 4 GiB, an output past 2 GiB, hostile values, a production batch),
 //! each judged by the oracle, plus a throughput loop; results are printed as a table for
-//! docs/bench-exec.md.
+//! BENCHMARKS.md.
 
 use mqa_fuzz::case::Case;
-use mqa_fuzz::cli::verdict_line;
 use mqa_fuzz::generate::*;
 use mqa_fuzz::harness::{run_and_judge, ReferenceCache};
 use mqa_fuzz::kernel;
@@ -195,7 +194,7 @@ fn gpu_adapters_on_hand_built_cases() -> Ran {
                 case.kv_cache_bytes() as f64 / (1u64 << 30) as f64,
                 j.wall.as_secs_f64(),
                 refs.time.as_secs_f64(),
-                verdict_line(&j.verdict)
+                j.verdict
             );
         }
         // Throughput on small mixed cases (after the JIT warm-up above).

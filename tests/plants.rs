@@ -7,7 +7,7 @@ use common::*;
 use mqa_fuzz::case::{Case, ContextLens};
 use mqa_fuzz::fp8::Fp8Format;
 use mqa_fuzz::generate::*;
-use mqa_fuzz::kernel::cpu::Plant;
+use mqa_fuzz::kernel::Plant;
 use mqa_fuzz::oracle::Class;
 
 /// Asserts `cpu:bug-<plant>` finds `class` on `case` and the good kernels are clean.

@@ -5,6 +5,7 @@ mod support;
 use mqa_fuzz::oracle::Class;
 use mqa_fuzz::report::picture::{FIRST_OUT_OF_BOUND_BIN, NON_FINITE_BIN};
 use mqa_fuzz::report::*;
+use mqa_fuzz::shard::Shard;
 use std::path::Path;
 use std::process::Command;
 use support::campaign;

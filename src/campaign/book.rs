@@ -531,7 +531,7 @@ impl Book {
         ctx.progress.println(&format!(
             "  {} {}: {} row(s), {} token(s); {}; tier {}{}{}",
             sig.kernel,
-            crate::cli::verdict_line(&shrunk.verdict),
+            shrunk.verdict,
             shrunk.case.rows(),
             tokens,
             trigger.sentence(),

@@ -7,7 +7,7 @@
 mod book;
 pub mod corpus;
 pub mod coverage;
-pub mod interrupt;
+pub use crate::interrupt;
 mod progress;
 mod shrink;
 
@@ -18,7 +18,8 @@ use crate::generate::{Draw, Profile, Recipe};
 use crate::harness::{self, ReferenceCache};
 use crate::kernel::{self, Kernel};
 use crate::oracle::{Class, OracleConfig, Verdict};
-use crate::report::{self, KernelInfo, KernelStats, Report, Shard, Timings, REPORT_VERSION};
+use crate::report::{self, KernelInfo, KernelStats, Report, Timings, REPORT_VERSION};
+use crate::shard::Shard;
 use proptest::strategy::{SBoxedStrategy, Strategy, ValueTree};
 use proptest::test_runner::{Config as PtConfig, TestRunner};
 use std::path::{Path, PathBuf};
@@ -526,12 +527,7 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
             );
             if v.primary_class().is_some() {
                 any_finding = true;
-                progress.println(&format!(
-                    "corpus {}: {} {}",
-                    path.display(),
-                    kern.name(),
-                    crate::cli::verdict_line(&v)
-                ));
+                progress.println(&format!("corpus {}: {} {}", path.display(), kern.name(), v));
                 let mut ctx = book::Ctx {
                     engine: &engine,
                     progress: &mut progress,

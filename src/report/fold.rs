@@ -2,6 +2,7 @@
 //! what changed between them (`diff`), both keyed on finding signatures.
 
 use super::model::*;
+use crate::shard::Shard;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 fn add_map<K: Ord + Clone>(into: &mut BTreeMap<K, u64>, from: &BTreeMap<K, u64>) {

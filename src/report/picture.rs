@@ -290,8 +290,7 @@ pub fn fill_pictures(
         let Some(out) = judged.output else {
             notes.push(format!(
                 "no picture for {}: the replay produced no output ({})",
-                f.signature,
-                crate::cli::verdict_line(&judged.verdict)
+                f.signature, judged.verdict
             ));
             continue;
         };

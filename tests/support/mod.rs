@@ -8,6 +8,7 @@ use mqa_fuzz::harness::{run_and_judge, ReferenceCache};
 use mqa_fuzz::kernel;
 use mqa_fuzz::oracle::OracleConfig;
 use mqa_fuzz::report::*;
+use mqa_fuzz::shard::Shard;
 
 pub fn recipe(lens: Vec<usize>, next_n: usize, seed: u64) -> Recipe {
     Recipe::small(lens, next_n, seed)
