@@ -1,5 +1,5 @@
 //! Real libraries on a GPU through the worker protocol. Runs only with `MQA_FUZZ_GPU=1`
-//! (`scripts/gpu/deepgemm.sh` sets it up on the H200); elsewhere it says it skipped.
+//! (`scripts/gpu-check.sh deepgemm` sets it up on a GPU machine); elsewhere it says it skipped.
 //!
 //! Hand-built cases over the axes DeepGEMM must survive (lengths 0/1/<N, 2-D lengths,
 //! caches past 2 and 4 GiB, an output past 2 GiB, hostile values, a production batch),
@@ -153,7 +153,7 @@ fn write_cases_for_replay() -> Ran {
 
 fn gpu_adapters_on_hand_built_cases() -> Ran {
     if std::env::var("MQA_FUZZ_GPU").is_err() {
-        return Err("set MQA_FUZZ_GPU=1 on a GPU machine (scripts/gpu/deepgemm.sh)".into());
+        return Err("set MQA_FUZZ_GPU=1 on a GPU machine (scripts/gpu-check.sh deepgemm)".into());
     }
     let kernels = std::env::var("MQA_FUZZ_GPU_KERNELS").unwrap_or_else(|_| "deepgemm,torch".into());
     let cfg = OracleConfig {
