@@ -345,9 +345,39 @@ pub fn selfcheck(cases: usize, reference_cases: usize) -> Result<i32, Fatal> {
     }
 
     // 3. GPU reference bit-identical to the CPU reference, in every tuning that fits.
+    failures += reference_identity(reference_cases);
+
+    // 4. Production case: tiled correctness (judged against the cross-checked GPU
+    //    reference) and time.
+    match production(&cfg) {
+        Ok(ok) => failures += (!ok) as usize,
+        Err(e) => {
+            failures += 1;
+            line(format!("  FAIL production case: {e}"));
+        }
+    }
+    line(format!(
+        "selfcheck: {}",
+        if failures == 0 {
+            "PASS".to_string()
+        } else {
+            format!("{failures} FAILURE(S)")
+        }
+    ));
+    Ok(if failures == 0 {
+        exit::CLEAN
+    } else {
+        exit::FINDINGS
+    })
+}
+
+/// The GPU reference bit-identical to the CPU reference on `cases` random cases, in every
+/// tuning that fits and runs here; returns the number of cases that were not.
+fn reference_identity(cases: usize) -> usize {
+    let mut failures = 0;
     let (mut same, mut total) = (0, 0);
     let major = with_gpu(|gpu| Ok(gpu.major)).unwrap_or(0);
-    for seed in 0..reference_cases as u64 {
+    for seed in 0..cases as u64 {
         let case = random_recipe(1000 + seed, true).materialize();
         if gpu_reference::rejects(&case).is_some() {
             continue;
@@ -389,29 +419,7 @@ pub fn selfcheck(cases: usize, reference_cases: usize) -> Result<i32, Fatal> {
         }
     }
     line(format!("GPU reference: bit-identical to reference::compute on {same}/{total} random cases (both scale placements, every tuning that fits)"));
-
-    // 4. Production case: tiled correctness (judged against the cross-checked GPU
-    //    oracle) and time.
-    match production(&cfg) {
-        Ok(ok) => failures += (!ok) as usize,
-        Err(e) => {
-            failures += 1;
-            line(format!("  FAIL production case: {e}"));
-        }
-    }
-    line(format!(
-        "selfcheck: {}",
-        if failures == 0 {
-            "PASS".to_string()
-        } else {
-            format!("{failures} FAILURE(S)")
-        }
-    ));
-    Ok(if failures == 0 {
-        exit::CLEAN
-    } else {
-        exit::FINDINGS
-    })
+    failures
 }
 
 fn bit_identical(a: &reference::Reference, b: &reference::Reference) -> bool {

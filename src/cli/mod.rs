@@ -1,13 +1,14 @@
-//! Command line (clap derive). Each subcommand parses here and runs in its module;
-//! errors come back as [`Fatal`] and are rendered once in `main`.
+//! Command line (clap derive). Each subcommand parses here and runs in its module
+//! (`run` in [`run`], `replay` in [`replay`], the reports' commands in `report::cli`, the
+//! benchmarks and GPU checks in `bench`); errors come back as [`Fatal`] and are rendered
+//! once in `main`.
 
-use crate::campaign;
-use crate::case::{load_case_file, CaseFile};
+mod replay;
+mod run;
+
 use crate::error::{exit, Fatal};
 use crate::generate::Profile;
-use crate::harness::{self, ReferenceCache};
 use crate::kernel;
-use crate::oracle::OracleConfig;
 use crate::shard::Shard;
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -156,7 +157,7 @@ pub enum Bench {
 /// Runs the parsed command; returns the exit code.
 pub fn dispatch(cli: Cli) -> Result<i32, Fatal> {
     match cli.command {
-        Command::Run(args) => cmd_run(args),
+        Command::Run(args) => run::cmd_run(args),
         Command::Selftest {
             backend,
             budget,
@@ -185,7 +186,7 @@ pub fn dispatch(cli: Cli) -> Result<i32, Fatal> {
             kernels,
             topk,
             json,
-        } => cmd_replay(&files, &kernels, topk, json),
+        } => replay::cmd_replay(&files, &kernels, topk, json),
         Command::Bench(Bench::Gpu) => crate::bench::gpu::bench_gpu(),
         Command::GpuSelfcheck {
             cases,
@@ -258,156 +259,6 @@ fn cmd_kernels(json: bool) -> Result<i32, Fatal> {
         crate::outln!("{:width$}  {:<11}  {}", "", "", e.description);
     }
     Ok(exit::CLEAN)
-}
-
-/// The kernels a file replays on without `--kernel`: those recorded in it (both of a
-/// divergence), or the default kernel for a file that records none (hand-made cases).
-fn recorded_kernels(file: &CaseFile) -> Option<Vec<String>> {
-    let p = &file.provenance;
-    if !p.kernels.is_empty() {
-        Some(p.kernels.clone())
-    } else if !p.kernel.is_empty() && p.kernel != "hand-made" {
-        Some(vec![p.kernel.clone()])
-    } else {
-        None
-    }
-}
-
-fn cmd_replay(
-    files: &[PathBuf],
-    kernel_names: &[String],
-    topk: usize,
-    json: bool,
-) -> Result<i32, Fatal> {
-    if topk == 0 {
-        return Err(Fatal::usage(
-            "--topk 0: k of the top-k check must be at least 1",
-        ));
-    }
-    // Load everything first: bad input is reported before any work is done.
-    let cases: Vec<(PathBuf, CaseFile)> = files
-        .iter()
-        .map(|f| load_case_file(f).map(|c| (f.clone(), c)))
-        .collect::<Result<_, _>>()?;
-    // Then open every kernel: a recorded kernel this machine cannot run is exit 3 naming
-    // it, never a silent replay on another kernel (which would read as "fixed").
-    let mut opened: std::collections::BTreeMap<String, Box<dyn kernel::Kernel>> =
-        Default::default();
-    let mut plan: Vec<Vec<String>> = Vec::new();
-    for (path, file) in &cases {
-        let names = if !kernel_names.is_empty() {
-            kernel_names.to_vec()
-        } else {
-            recorded_kernels(file)
-                .unwrap_or_else(|| vec![kernel::default_kernel_name().to_string()])
-        };
-        for name in &names {
-            if opened.contains_key(name) {
-                continue;
-            }
-            let k = match kernel::open(name) {
-                Ok(k) => k,
-                Err(e) if !kernel_names.is_empty() => return Err(e.into()),
-                Err(kernel::OpenError::Unavailable { reason, .. }) => {
-                    return Err(Fatal::environment(format!(
-                        "{}: {name} is not available here: {reason}; pass --kernel to replay on another",
-                        path.display()
-                    )))
-                }
-                Err(e) => {
-                    return Err(Fatal::usage(format!(
-                        "{}: field provenance.kernel: {e}; pass --kernel to replay on another",
-                        path.display()
-                    )))
-                }
-            };
-            opened.insert(name.clone(), k);
-        }
-        plan.push(names);
-    }
-    let cfg = OracleConfig {
-        topk,
-        ..Default::default()
-    };
-    let mut any_finding = false;
-    let mut out = Vec::new();
-    for ((path, file), names) in cases.iter().zip(&plan) {
-        let kernels: Vec<&dyn kernel::Kernel> = names.iter().map(|n| opened[n].as_ref()).collect();
-        let mut refs = ReferenceCache::new(&file.case);
-        let mut got = Vec::new();
-        let mut outputs = Vec::new();
-        for (name, k) in names.iter().zip(&kernels) {
-            let judged = harness::run_and_judge(*k, &file.case, &mut refs, &cfg);
-            if let Some(e) = judged.environment_error {
-                return Err(Fatal::environment(format!("{name}: {e}")));
-            }
-            let v = judged.verdict;
-            outputs.push(judged.output);
-            any_finding |= harness::has_findings(&v);
-            for c in v.finding_classes() {
-                if !got.contains(&c) {
-                    got.push(c);
-                }
-            }
-            if json {
-                out.push(serde_json::json!({
-                    "file": path,
-                    "kernel": name,
-                    "expected_classes": file.expected.classes,
-                    "verdict": v,
-                }));
-            } else {
-                crate::outln!("{}  {}  {}", path.display(), name, v);
-            }
-        }
-        if kernels.len() >= 2 {
-            let divergence = outputs.first().and_then(Option::as_ref).and_then(|a| {
-                kernels.iter().zip(&outputs).skip(1).find_map(|(kb, ob)| {
-                    harness::divergence(&file.case, (kernels[0], a), (*kb, ob.as_ref()?))
-                })
-            });
-            if divergence.is_some() {
-                any_finding = true;
-                got.push(crate::oracle::Class::Divergent);
-            }
-            if json {
-                out.push(serde_json::json!({
-                    "file": path,
-                    "kernels": names,
-                    "divergent": divergence,
-                }));
-            } else {
-                crate::outln!(
-                    "{}  {}  {}",
-                    path.display(),
-                    names.join(" vs "),
-                    match &divergence {
-                        Some(msg) => format!("FINDING divergent: {msg}"),
-                        None => "agree (no element differs by more than both bounds)".into(),
-                    }
-                );
-            }
-        }
-        let want = &file.expected.classes;
-        got.sort();
-        let mut want_sorted = want.clone();
-        want_sorted.sort();
-        if !json && kernel_names.is_empty() && want_sorted != got {
-            crate::outln!(
-                "  note: the file expected [{}], this replay found [{}]",
-                want.iter().map(|c| c.name()).collect::<Vec<_>>().join(", "),
-                got.iter().map(|c| c.name()).collect::<Vec<_>>().join(", ")
-            );
-        }
-    }
-    if json {
-        crate::outln!("{}", serde_json::to_string_pretty(&out).unwrap());
-    }
-    Ok(if any_finding {
-        exit::FINDINGS
-    } else {
-        exit::CLEAN
-    })
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -543,177 +394,4 @@ pub fn parse_shard(s: &str) -> Result<Shard, String> {
 /// and an index without its count, are handled there).
 pub fn shard_from_env() -> Result<Option<Shard>, Fatal> {
     crate::shard::shard_from_env()
-}
-
-/// Values clap accepts but a campaign cannot use: exit 2 with one line before anything runs.
-fn check_run_args(args: &RunArgs) -> Result<(), Fatal> {
-    if args.jobs == Some(0) {
-        return Err(Fatal::usage(
-            "--jobs 0: at least one case must run at a time",
-        ));
-    }
-    if args.topk == 0 {
-        return Err(Fatal::usage(
-            "--topk 0: k of the top-k check must be at least 1 (0 would turn the check off)",
-        ));
-    }
-    if args.max_findings == Some(0) {
-        return Err(Fatal::usage(
-            "--max-findings 0: a campaign stops after at least 1 distinct finding",
-        ));
-    }
-    Ok(())
-}
-
-/// A campaign that judged no case (a zero budget, `--cases 0` without a corpus, every
-/// case skipped) must not read as a clean run to CI: exit 2 saying so.
-fn nothing_judged(r: &crate::report::Report, dir: &std::path::Path) -> Option<String> {
-    let judged: u64 = r.per_kernel.values().map(|k| k.cases).sum();
-    if judged > 0 || !r.findings.is_empty() {
-        return None;
-    }
-    let skipped: u64 = r.per_kernel.values().map(|k| k.skipped).sum();
-    Some(if skipped > 0 {
-        format!(
-            "nothing was judged: the kernel skipped all {skipped} case(s) it was given (skip reasons in {})",
-            dir.join("summary.md").display()
-        )
-    } else if r.interrupted {
-        "nothing was judged: interrupted before the first case".into()
-    } else {
-        format!(
-            "nothing was judged: {} case(s) generated and {} replayed from the corpus (raise --budget or --cases)",
-            r.counts.cases_generated, r.counts.cases_replayed
-        )
-    })
-}
-
-fn cmd_run(args: RunArgs) -> Result<i32, Fatal> {
-    check_run_args(&args)?;
-    let kernels = if args.kernels.is_empty() {
-        let k = kernel::default_kernel_name().to_string();
-        eprintln!("mqa-fuzz: no --kernel given: fuzzing {k}, the best built-in kernel this machine can run");
-        vec![k]
-    } else {
-        args.kernels.clone()
-    };
-    let seed = args.seed.unwrap_or_else(|| {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
-        (t.as_nanos() as u64) ^ ((std::process::id() as u64) << 32)
-    });
-    let shard = match args.shard {
-        Some(s) => Some(s),
-        None => shard_from_env()?,
-    };
-    let report_dir = args.report.clone().unwrap_or_else(|| {
-        let base = PathBuf::from("reports").join(crate::util::utc_stamp(crate::util::unix_now()));
-        let mut p = base.clone();
-        let mut i = 2;
-        while p.exists() {
-            p = PathBuf::from(format!("{}-{i}", base.display()));
-            i += 1;
-        }
-        p
-    });
-    let mut cfg = campaign::Config::new(kernels, report_dir);
-    cfg.profile = args.profile;
-    cfg.budget = match (args.budget, args.cases) {
-        (Some(b), _) => Some(b),
-        (None, Some(_)) => None,
-        (None, None) => Some(Duration::from_secs(60)),
-    };
-    cfg.max_cases = args.cases;
-    cfg.seed = seed;
-    cfg.jobs = args.jobs;
-    let planted: Vec<&str> = cfg
-        .kernels
-        .iter()
-        .filter(|k| kernel::is_planted_bug(k))
-        .map(String::as_str)
-        .collect();
-    cfg.corpus_dir = match &args.corpus {
-        Some(dir) => dir.clone(),
-        None if !planted.is_empty() => {
-            let dir = cfg.report_dir.join("corpus");
-            eprintln!(
-                "mqa-fuzz: note: {} is a planted bug: its findings go to {} (not corpus/); --corpus chooses another directory",
-                planted.join(", "),
-                dir.display()
-            );
-            dir
-        }
-        None => PathBuf::from("corpus"),
-    };
-    cfg.shard = shard;
-    cfg.shrink = !args.no_shrink;
-    cfg.shrink_budget = args.shrink_budget;
-    cfg.replay_corpus = !args.no_replay;
-    cfg.oracle.topk = args.topk;
-    cfg.quiet = args.quiet;
-    cfg.stop_after_findings = args.max_findings;
-    cfg.verify = args.verify;
-    cfg.scale = args.scale;
-    if let Some(spec) = &args.gpus {
-        cfg.gpus = Some(kernel::cuda::select_gpus(spec)?);
-    }
-    cfg.command_line = std::env::args().collect::<Vec<_>>().join(" ");
-    let shard_txt = shard
-        .map(|s| format!(", shard {}/{}", s.index, s.count))
-        .unwrap_or_default();
-    eprintln!(
-        "mqa-fuzz: campaign seed {seed:#x}, profile {}{shard_txt}, kernels {}; report in {}",
-        args.profile.name(),
-        cfg.kernels.join(", "),
-        cfg.report_dir.display()
-    );
-    let out = campaign::run(&cfg)?;
-    if let Some(why) = nothing_judged(&out.report, &cfg.report_dir) {
-        return Err(Fatal::usage(why));
-    }
-    print_summary(&out.report, &cfg.report_dir);
-    Ok(out.exit_code)
-}
-
-fn print_summary(r: &crate::report::Report, dir: &std::path::Path) {
-    crate::outln!(
-        "{} case(s) generated, {} replayed from the corpus, {:.1}s{}",
-        r.counts.cases_generated,
-        r.counts.cases_replayed,
-        r.timings.wall_secs,
-        if r.interrupted { " (interrupted)" } else { "" }
-    );
-    crate::outln!("{}", crate::report::headline(r));
-    for l in crate::report::headline::throughput(r) {
-        crate::outln!("{l}");
-    }
-    for l in crate::report::headline::launch_lines(r) {
-        crate::outln!("{l}");
-    }
-    if !r.findings.is_empty() {
-        crate::outln!("{}", crate::report::headline::bugs_line(r));
-        crate::outln!("{}", crate::report::headline::guard_by_tier(r));
-    }
-    for f in &r.findings {
-        crate::outln!(
-            "FINDING {} [{}{}] tier {}, {} x{}: {}{}",
-            f.kernel,
-            f.class.map(|c| c.name()).unwrap_or("?"),
-            f.reason
-                .as_deref()
-                .map(|r| format!(": {r}"))
-                .unwrap_or_default(),
-            f.tier.name(),
-            f.needs,
-            f.occurrences,
-            f.case_file.as_deref().unwrap_or("(not saved)"),
-            if f.replay_command.is_empty() {
-                String::new()
-            } else {
-                format!("\n  replay: {}", f.replay_command)
-            }
-        );
-    }
-    crate::outln!("report: {}", dir.display());
 }
