@@ -13,11 +13,11 @@ use mqa_fuzz::kernel;
 use mqa_fuzz::oracle::OracleConfig;
 use std::time::Instant;
 
-mod skip;
-use skip::{trial, Ran};
+mod support;
+use support::skip::{trial, Ran};
 
 fn main() {
-    skip::main(vec![
+    support::skip::main(vec![
         trial("write_cases_for_replay", write_cases_for_replay),
         trial(
             "gpu_adapters_on_hand_built_cases",
