@@ -147,6 +147,7 @@ mod worker {
     use super::*;
     use crate::kernel::exec::{device_env, ExecConfig, ExecKernel};
     use crate::kernel::RunError;
+    use crate::util::shell_quote;
     use std::time::Duration;
 
     /// The parent's view of GPU `i` as the child must name it: with
@@ -160,10 +161,6 @@ mod worker {
                 .unwrap_or_else(|| i.to_string()),
             _ => i.to_string(),
         }
-    }
-
-    fn shell_quote(s: &str) -> String {
-        format!("'{}'", s.replace('\'', "'\\''"))
     }
 
     pub fn pool(v: Variant, gpus: &[usize]) -> Result<Box<dyn Kernel>, String> {
