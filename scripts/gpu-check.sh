@@ -1,48 +1,283 @@
 #!/usr/bin/env bash
-# Every GPU check and benchmark of the CUDA backend, in one device call.
+# The GPU checks of mqa-fuzz, on one machine with NVIDIA GPUs. CI has no GPU, so run them
+# after changing a CUDA kernel, an adapter or the production profile, and before a release.
 #
-# The device machine has no Rust: build here, stage, and run there:
-#   cargo build --release
-#   scripts/gpu-check.sh --stage /path/to/checkout   # copies binary + precompiled cubins to .gpu/cuda/
-#   (device) bash .gpu/cuda/gpu-check.sh              # with .gpu/cuda carried
-# Outputs go to stdout and, when $OUT is set, to $OUT/*.log.
+#   scripts/gpu-check.sh [CHECK...]            (default: quick)
+#
+# CHECK       takes                      runs
+# quick       ~5 min, 1 GPU              `mqa-fuzz kernels`; `gpu-selfcheck` (the CUDA kernels against
+#                                        the CPU reference on random cases, every planted bug caught, the
+#                                        GPU reference bit-identical to the CPU, the production case in
+#                                        time); `bench gpu`; the GPU integration tests (tests/cuda.rs);
+#                                        a 45 s cuda:tiled vs cpu:chunked campaign and a 60 s campaign on
+#                                        a planted bug (found, shrunk, saved)
+# production  ~8 min, 1 GPU, ~90 GiB     `--profile production` at full size (engine-sized KV pools):
+#                                        cuda:tiled, cuda:bug-offset32-kv (also with OLD_BIN, an older
+#                                        binary, for a before/after), the real DeepGEMM 2.8.2
+# deepgemm    ~2 min build + ~3 min      DeepGEMM 2.8.2 built from its PyPI sdist; tests/exec_gpu.rs on
+#                                        deepgemm and torch (KERNELS to change); replay of DIR/cases/*.json
+# campaigns   ~25 min, 1-2 GPUs          with 2 GPUs, 1-vs-2-GPU scaling (60 s each); `bench gpu` (and
+#                                        Nsight Compute on the reference kernel when ncu is installed);
+#                                        then in parallel: cuda:tiled 10 min and cuda:naive 5 min on
+#                                        --profile all, gpu-selfcheck, `selftest --backend cuda`, DeepGEMM
+#                                        and torch campaigns over each profile, replay of DeepGEMM's cases
+# all         ~40 min                    every check above
+#
+# Needs: an NVIDIA driver and NVRTC from CUDA 13 (docs/cuda.md); for production, deepgemm and
+# campaigns also python3 with torch, numpy and safetensors, nvcc, DeepGEMM's source distribution
+# (DG_SDIST, default ../shared/vendor/deepinfer_gemm-2.8.2.tar.gz) and the libdw/libelf headers
+# (docs/exec.md). Built binaries: `cargo build --release && cargo test --release --no-run
+# --test cuda --test exec_gpu`.
+#
+# A GPU machine without a Rust toolchain or network: on a build machine,
+#   scripts/gpu-check.sh --stage DIR
+# copies the binaries, this script, the adapters, every kernel precompiled by NVRTC and the
+# DeepGEMM sources into DIR; copy DIR over and run DIR/gpu-check.sh [CHECK...] there.
+#
+# Output: every check prints what it finds; logs, reports and saved cases go under $OUT
+# (default: a new temporary directory, printed). Knobs: CASES, REFERENCE_CASES, PROFILE,
+# RUN_BUDGET, BUG_BUDGET (quick); BUDGET, SEED, OLD_BIN (production); KERNELS (deepgemm);
+# TORCH=0 skips the torch campaigns.
 set -u
-if [ "${1:-}" = "--stage" ]; then
-    dest="${2:?checkout root}/.gpu/cuda"
-    root="$(cd "$(dirname "$0")/.." && pwd)"
-    mkdir -p "$dest"
-    strip -o "$dest/mqa-fuzz" "$root/target/release/mqa-fuzz"
-    cp "$0" "$dest/gpu-check.sh"
-    # The GPU integration tests (cargo test --release --no-run --test cuda).
-    t=$(ls -t "$root"/target/release/deps/cuda-* 2>/dev/null | grep -v '\.d$' | head -1)
-    [ -n "$t" ] && strip -o "$dest/test-cuda" "$t"
-    # NVRTC needs no GPU: compile every variant here (LD_LIBRARY_PATH must reach libnvrtc).
-    XDG_CACHE_HOME="$dest/cache" "$dest/mqa-fuzz" gpu-precompile --arch sm_90a
-    exit $?
-fi
 here="$(cd "$(dirname "$0")" && pwd)"
-export XDG_CACHE_HOME="$here/cache"
-bin="$here/mqa-fuzz"
-log="${OUT:-/tmp}"
-date -u +"date: %Y-%m-%dT%H:%M:%SZ"
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader
-"$bin" kernels | grep -A1 '^cuda:naive\|^cuda:tiled '
-"$bin" gpu-selfcheck --cases "${CASES:-40}" --oracle-cases "${ORACLE_CASES:-40}" 2>&1 | tee "$log/selfcheck.log"
-echo "selfcheck exit ${PIPESTATUS[0]}"
-"$bin" bench oracle 2>&1 | tee "$log/bench-oracle.log"
-echo "bench exit ${PIPESTATUS[0]}"
-if [ -x "$here/test-cuda" ]; then
-    MQA_FUZZ_WORKER_EXE="$bin" "$here/test-cuda" 2>&1 | grep -E 'SKIP|test |result' | tee "$log/test-cuda.log"
+
+if [ "${1:-}" = "--stage" ]; then
+    dest="$(mkdir -p "${2:?usage: $0 --stage DIR}" && cd "$2" && pwd)"
+    root="$(cd "$here/.." && pwd)"
+    newest() { ls -t "${CARGO_TARGET_DIR:-$root/target}"/release/deps/"$1"-* 2>/dev/null | grep -v '\.d$' | head -1; }
+    strip -o "$dest/mqa-fuzz" "${CARGO_TARGET_DIR:-$root/target}/release/mqa-fuzz" || exit 1
+    for t in cuda exec_gpu; do
+        f=$(newest $t)
+        [ -n "$f" ] && strip -o "$dest/test-$t" "$f"
+    done
+    [ -n "${OLD_BIN:-}" ] && strip -o "$dest/mqa-fuzz-old" "$OLD_BIN"
+    cp "$0" "$dest/gpu-check.sh"
+    rm -rf "$dest/external" && cp -r "$root/kernels/external" "$dest/external"
+    mkdir -p "$dest/dg"
+    if [ ! -d "$dest/dg/x/usr/include/elfutils" ]; then
+        cp "${DG_SDIST:-$root/../shared/vendor/deepinfer_gemm-2.8.2.tar.gz}" "$dest/dg/" &&
+            (cd "$dest/dg" && apt-get download libdw-dev libelf-dev && for f in *.deb; do dpkg -x "$f" x; done)
+    fi
+    # NVRTC needs no GPU: compile every kernel variant here (LD_LIBRARY_PATH must reach libnvrtc).
+    rm -rf "$dest/cache"
+    XDG_CACHE_HOME="$dest/cache" "$dest/mqa-fuzz" gpu-precompile --arch sm_90a || exit 1
+    du -sh "$dest"
+    exit 0
 fi
-# Short campaigns through the campaign engine: the clean kernel against the CPU one,
-# and a planted bug found, shrunk and saved.
-work=$(mktemp -d)
-"$bin" run -k cuda:tiled -k cpu:chunked --profile "${PROFILE:-production}" --budget "${RUN_BUDGET:-45s}" --no-replay \
-    --corpus "$work/corpus" --report "$work/clean" --seed 1 -q 2>&1 | tail -5
-echo "campaign cuda:tiled exit $?"
-"$bin" run -k cuda:bug-split-boundary-drop --profile production --budget "${BUG_BUDGET:-60s}" --shrink-budget 20s --no-replay \
-    --corpus "$work/corpus" --report "$work/bug" --seed 2 -q 2>&1 | tail -5
-echo "campaign cuda:bug-split-boundary-drop exit $?"
-ls "$work/corpus" | head
-cp "$work/clean/summary.md" "$log/campaign-clean.md" 2>/dev/null
-cp "$work/bug/summary.md" "$log/campaign-bug.md" 2>/dev/null
+
+# Where everything is: a staged directory, or a checkout with its release build.
+if [ -x "$here/mqa-fuzz" ]; then
+    B="$here/mqa-fuzz" adapters="$here/external" dg_dir="$here/dg"
+    test_bin() { [ -x "$here/test-$1" ] && echo "$here/test-$1"; }
+    export XDG_CACHE_HOME="$here/cache"
+else
+    root="$(cd "$here/.." && pwd)"
+    B="${MQA_FUZZ_BIN:-${CARGO_TARGET_DIR:-$root/target}/release/mqa-fuzz}" adapters="$root/kernels/external" dg_dir="$root/.dg"
+    test_bin() { ls -t "${CARGO_TARGET_DIR:-$root/target}"/release/deps/"$1"-* 2>/dev/null | grep -v '\.d$' | head -1; }
+fi
+[ -x "$B" ] || { echo "no mqa-fuzz binary at $B: cargo build --release first" >&2; exit 2; }
+W="${OUT:-$(mktemp -d)}"
+mkdir -p "$W/logs" "$W/r" "$W/c"
+echo "output in $W"
+export PYTHONUNBUFFERED=1 MQA_FUZZ_ADAPTERS="$adapters"
+export MQA_FUZZ_EXEC_TIMEOUT=300 MQA_FUZZ_EXEC_HANDSHAKE_TIMEOUT=300
+
+stamp() { date -u +%H:%M:%S; }
+
+machine() {
+    date -u +"date: %Y-%m-%dT%H:%M:%SZ"
+    nvidia-smi --query-gpu=index,name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader
+}
+
+# One campaign: name, then `run` arguments. Report in $W/r/<name>, corpus in $W/c/<name>.
+campaign() {
+    local name=$1 t0
+    shift
+    t0=$(date +%s)
+    echo "[$(stamp)] campaign $name: mqa-fuzz run $*"
+    "${BIN:-$B}" run "$@" --no-replay --corpus "$W/c/$name" --report "$W/r/$name" -q >"$W/logs/$name.log" 2>&1
+    echo "[$(stamp)] campaign $name exit $? in $(($(date +%s) - t0)) s"
+    grep -v '^mqa-fuzz: ' "$W/logs/$name.log" | tail -12
+    python3 - "$W/r/$name/report.json" <<'PY' 2>/dev/null
+import json, sys
+r = json.load(open(sys.argv[1])); n = r["counts"]["cases_generated"]; w = r["timings"]["wall_secs"]
+print(f"   {n} cases in {w:.1f} s = {n / max(w, 1e-9):.2f} cases/s")
+ax = r["coverage"]["axes"]
+for a in ("kv_offsets", "out_offsets", "batch", "context", "rows", "workspace", "pool", "mtp", "block_size"):
+    if a in ax: print(f"   {a}: " + ", ".join(f"{k} {v}" for k, v in ax[a].items()))
+PY
+}
+
+# DeepGEMM 2.8.2 from its source distribution (about 100-140 s), unless it is built already;
+# then PYTHONPATH and LD_PRELOAD as its JIT runtime needs them (docs/exec.md).
+deepgemm_env() {
+    export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+    local site=${DG_SITE:-/tmp/dgsite}
+    if ! PYTHONPATH=$site python3 -c 'import deep_gemm' 2>/dev/null; then
+        local sdist t0
+        sdist=$(ls "$dg_dir"/deepinfer_gemm-*.tar.gz 2>/dev/null | head -1)
+        sdist=${sdist:-${DG_SDIST:-$here/../../shared/vendor/deepinfer_gemm-2.8.2.tar.gz}}
+        rm -rf /tmp/dgsrc && mkdir -p /tmp/dgsrc && tar xzf "$sdist" -C /tmp/dgsrc || return 3
+        t0=$(date +%s)
+        (cd /tmp/dgsrc/* && CPATH="$dg_dir/x/usr/include${CPATH:+:$CPATH}" DG_FORCE_BUILD=1 \
+            python3 -m pip install --no-build-isolation --no-deps --no-index --target "$site" . >"$W/logs/dg-build.log" 2>&1) ||
+            { echo "DeepGEMM build FAILED"; tail -30 "$W/logs/dg-build.log"; return 3; }
+        echo "[$(stamp)] DeepGEMM build: $(($(date +%s) - t0)) s"
+    fi
+    export PYTHONPATH=$site LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libstdc++.so.6
+}
+
+# `bench gpu`, and where the reference kernel's time goes (Nsight Compute, one launch).
+bench() {
+    echo "[$(stamp)] bench gpu"
+    CUDA_VISIBLE_DEVICES=0 "$B" bench gpu 2>&1 | tee "$W/logs/bench-gpu.log"
+    echo "[$(stamp)] bench gpu exit ${PIPESTATUS[0]}"
+    local ncu
+    ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
+    [ -n "$ncu" ] || return 0
+    CUDA_VISIBLE_DEVICES=0 timeout 240 "$ncu" --kernel-name reference_f64 --launch-count 1 \
+        --section SpeedOfLight --section ComputeWorkloadAnalysis --section Occupancy \
+        --section SchedulerStats --section WarpStateStats --section LaunchStats \
+        "$B" bench gpu >"$W/logs/ncu-reference.log" 2>&1
+    echo "[$(stamp)] ncu exit $?"
+    grep -A400 'reference_f64' "$W/logs/ncu-reference.log" | head -150
+}
+
+check_quick() {
+    machine
+    "$B" kernels | grep -A1 '^cuda:naive\|^cuda:tiled '
+    "$B" gpu-selfcheck --cases "${CASES:-40}" --reference-cases "${REFERENCE_CASES:-40}" 2>&1 | tee "$W/logs/selfcheck.log"
+    echo "selfcheck exit ${PIPESTATUS[0]}"
+    "$B" bench gpu 2>&1 | tee "$W/logs/bench-gpu.log"
+    echo "bench exit ${PIPESTATUS[0]}"
+    local t
+    t=$(test_bin cuda)
+    if [ -n "$t" ]; then
+        MQA_FUZZ_WORKER_EXE="$B" "$t" 2>&1 | grep -E 'SKIP|test |result' | tee "$W/logs/test-cuda.log"
+    fi
+    # Through the campaign engine: the clean kernel against the CPU one, and a planted bug
+    # found, shrunk and saved.
+    campaign quick-clean -k cuda:tiled -k cpu:chunked --profile "${PROFILE:-production}" --budget "${RUN_BUDGET:-45s}" --seed 1
+    campaign quick-bug -k cuda:bug-split-boundary-drop --profile production --budget "${BUG_BUDGET:-60s}" --shrink-budget 20s --seed 2
+    ls "$W/c/quick-bug" | head
+}
+
+check_production() {
+    machine
+    local budget="${BUDGET:-120}"
+    # DeepGEMM builds on the CPU cores while the CUDA campaigns use the GPU.
+    (deepgemm_env >"$W/logs/dg-env.txt" 2>&1) &
+    local dg=$!
+    SEED="${SEED:-1}"
+    campaign prod-tiled -k cuda:tiled --profile production --seed "$SEED" --budget "${budget}s"
+    local old="${OLD_BIN:-}"
+    [ -z "$old" ] && [ -x "$here/mqa-fuzz-old" ] && old="$here/mqa-fuzz-old"
+    if [ -n "$old" ]; then
+        BIN="$old" campaign prod-bug-old -k cuda:bug-offset32-kv --profile production --seed "$SEED" --budget 60s --max-findings 1 --shrink-budget 20s
+    fi
+    campaign prod-bug -k cuda:bug-offset32-kv --profile production --seed "$SEED" --budget 60s --max-findings 1 --shrink-budget 20s
+    wait $dg
+    cat "$W/logs/dg-env.txt"
+    deepgemm_env || return 3
+    campaign prod-deepgemm -k deepgemm --profile production --seed "$SEED" --budget "${budget}s" --shrink-budget 30s
+}
+
+check_deepgemm() {
+    machine
+    python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name())'
+    deepgemm_env || return 3
+    "$B" kernels | grep -A1 '^deepgemm\|^torch'
+    local t
+    t=$(test_bin exec_gpu)
+    if [ -n "$t" ]; then
+        MQA_FUZZ_GPU=1 MQA_FUZZ_GPU_KERNELS="${KERNELS:-deepgemm,torch}" "$t" --nocapture --test-threads 1 2>&1 | tee "$W/logs/exec-gpu.log"
+        echo "exec_gpu exit ${PIPESTATUS[0]}"
+    fi
+    # The command users run: replay corpus-style files on the real kernel.
+    if [ -n "$(ls "$here"/cases/*.json 2>/dev/null)" ]; then
+        "$B" replay --kernel deepgemm "$here"/cases/*.json 2>&1 | tee "$W/logs/replay.log"
+        echo "replay exit ${PIPESTATUS[0]}"
+    fi
+}
+
+# The long campaigns, each chain on its own GPU where there are two.
+chain_tiled() { campaign tiled-all-10m --kernel cuda:tiled --profile all --budget 10m --seed 61 --gpus "$G1"; }
+chain_naive() {
+    campaign naive-all-5m --kernel cuda:naive --profile all --budget 5m --seed 51 --gpus 0
+    echo "[$(stamp)] gpu-selfcheck"
+    CUDA_VISIBLE_DEVICES=0 "$B" gpu-selfcheck --cases 15 --reference-cases 40 >"$W/logs/gpu-selfcheck.log" 2>&1
+    echo "[$(stamp)] gpu-selfcheck exit $?"
+    grep -E 'FAIL|GPU reference|selfcheck:' "$W/logs/gpu-selfcheck.log"
+}
+chain_selftest() {
+    echo "[$(stamp)] selftest --backend cuda --budget 40s --seeds 1"
+    CUDA_VISIBLE_DEVICES=0 "$B" selftest --backend cuda --budget 40s --seeds 1 >"$W/logs/selftest.log" 2>&1
+    echo "[$(stamp)] selftest exit $?"
+    cat "$W/logs/selftest.log"
+}
+chain_exec() {
+    export CUDA_VISIBLE_DEVICES=$G1
+    deepgemm_env || return 3
+    "$B" kernels | grep -A1 '^deepgemm\|^torch'
+    for p in production layout hostile; do
+        campaign "deepgemm-$p" --kernel deepgemm --profile $p --budget 60s --seed 71 --shrink-budget 60s
+    done
+    for f in "$W"/c/deepgemm-*/*.json; do
+        [ -e "$f" ] || continue
+        echo "[$(stamp)] mqa-fuzz replay --kernel deepgemm $f"
+        "$B" replay --kernel deepgemm "$f" 2>&1 | tail -4
+        echo "replay exit $?"
+    done
+    [ "${TORCH:-1}" = 1 ] || return 0
+    for p in production layout hostile; do
+        campaign "torch-$p" --kernel torch --profile $p --budget 45s --seed 81
+    done
+}
+
+check_campaigns() {
+    machine
+    local ngpu
+    ngpu=$(nvidia-smi -L | wc -l)
+    echo "GPUs: $ngpu, CPUs: $(nproc), memory: $(free -g | awk '/Mem:/{print $2}') GiB"
+    "$B" kernels | grep -E '^cuda:(naive|tiled) '
+    G1=0
+    if [ "$ngpu" -ge 2 ]; then
+        G1=1
+        # Both GPUs used: cases/s roughly double. Same seed, same cases.
+        for g in 0 all; do
+            campaign "scaling-gpus-$g" --kernel cuda:tiled --profile production --budget 60s --seed 41 --gpus $g
+        done
+    fi
+    bench # on an idle GPU, before the chains start
+    local c pids=()
+    for c in chain_tiled chain_naive chain_selftest chain_exec; do
+        $c >"$W/logs/$c.log" 2>&1 &
+        pids+=($!)
+        echo "[$(stamp)] started $c"
+    done
+    wait "${pids[@]}"
+    for c in chain_tiled chain_naive chain_selftest chain_exec; do
+        echo "===== $c"
+        cat "$W/logs/$c.log"
+    done
+}
+
+checks=("$@")
+[ ${#checks[@]} -gt 0 ] || checks=(quick)
+[ "${checks[*]}" = all ] && checks=(quick production deepgemm campaigns)
+status=0
+for c in "${checks[@]}"; do
+    case "$c" in
+    quick | production | deepgemm | campaigns)
+        echo "===== check $c"
+        "check_$c" 2>&1 | tee "$W/logs/check-$c.log"
+        [ "${PIPESTATUS[0]}" = 0 ] || status=1
+        ;;
+    *)
+        echo "unknown check $c (quick, production, deepgemm, campaigns, all)" >&2
+        exit 2
+        ;;
+    esac
+done
+echo "logs, reports and saved cases: $W"
+exit $status

@@ -1,4 +1,7 @@
 //! Errors that end a command, each rendered once at the top with its exit code.
+//!
+//! A leaf: the modules whose errors end a command convert them here (`From<…> for
+//! Fatal` lives beside each error type), so this module imports nothing of the crate.
 
 use std::fmt;
 
@@ -43,20 +46,3 @@ impl fmt::Display for Fatal {
 }
 
 impl std::error::Error for Fatal {}
-
-impl From<crate::case::CaseFileError> for Fatal {
-    fn from(e: crate::case::CaseFileError) -> Self {
-        Fatal::usage(e.to_string())
-    }
-}
-
-impl From<crate::kernel::OpenError> for Fatal {
-    fn from(e: crate::kernel::OpenError) -> Self {
-        match e {
-            crate::kernel::OpenError::Unknown(_) | crate::kernel::OpenError::Invalid { .. } => {
-                Fatal::usage(e.to_string())
-            }
-            crate::kernel::OpenError::Unavailable { .. } => Fatal::environment(e.to_string()),
-        }
-    }
-}

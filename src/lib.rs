@@ -8,17 +8,20 @@
 pub mod bench;
 pub mod campaign;
 pub mod case;
+pub mod class;
 pub mod cli;
 pub mod error;
 pub mod finding;
 pub mod fp8;
 pub mod generate;
 pub mod harness;
+pub mod interrupt;
 pub mod kernel;
 pub mod oracle;
 pub mod reference;
 pub mod report;
 pub mod selftest;
+pub mod shard;
 pub mod util;
 
 pub use case::{Case, ContextLens, ScalePlacement, Shape, ValueLayout};

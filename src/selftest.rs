@@ -14,7 +14,7 @@ use crate::finding::Feature;
 use crate::generate::Profile;
 use crate::harness;
 use crate::kernel;
-use crate::kernel::cpu::Plant;
+use crate::kernel::Plant;
 use serde::Serialize;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -128,7 +128,16 @@ fn median(v: &mut [f64]) -> f64 {
     }
 }
 
-pub fn run(opt: &Options) -> Result<i32, Fatal> {
+/// The kernels a selftest fuzzes: planted bugs, clean kernels and the double-bug kernel
+/// of each backend that can run here, and why the others cannot.
+struct Chosen {
+    bugs: Vec<String>,
+    clean: Vec<String>,
+    doubles: Vec<String>,
+    unavailable: Vec<String>,
+}
+
+fn choose(opt: &Options) -> Result<Chosen, Fatal> {
     let entries = kernel::registry();
     let chosen = |name: &str| {
         opt.backend.prefixes().iter().any(|p| name.starts_with(p))
@@ -161,6 +170,21 @@ pub fn run(opt: &Options) -> Result<i32, Fatal> {
             unavailable.join("; ")
         )));
     }
+    Ok(Chosen {
+        bugs,
+        clean,
+        doubles,
+        unavailable,
+    })
+}
+
+pub fn run(opt: &Options) -> Result<i32, Fatal> {
+    let Chosen {
+        bugs,
+        clean,
+        doubles,
+        unavailable,
+    } = choose(opt)?;
     let work = match &opt.workdir {
         Some(d) => d.clone(),
         None => std::env::temp_dir().join(format!("mqa-fuzz-selftest-{}", std::process::id())),
@@ -178,55 +202,13 @@ pub fn run(opt: &Options) -> Result<i32, Fatal> {
     for name in &bugs {
         let mut times = Vec::new();
         for seed in 1..=opt.seeds {
-            if campaign::interrupt::requested() {
+            if crate::interrupt::requested() {
                 break;
             }
-            let dir = work.join(format!("{}-{seed}", name.replace(':', "_")));
-            let mut cfg = Config::new(vec![name.clone()], dir.join("report"));
-            cfg.profile = Profile::All;
-            cfg.budget = Some(opt.budget);
-            cfg.seed = seed;
-            cfg.corpus_dir = dir.join("corpus");
-            cfg.quiet = true;
-            cfg.stop_after_findings = Some(1);
-            cfg.shrink_budget = Duration::from_secs(15);
-            let out = campaign::run(&cfg)?;
-            let det = out.detections.first();
-            let f = out.report.findings.first();
-            let case = f
-                .and_then(|f| f.case_file.as_ref())
-                .and_then(|p| load_case_file(std::path::Path::new(p)).ok());
-            let replay = case.as_ref().zip(f).map(|(c, f)| {
-                let k = kernel::open(name).expect("opened above");
-                let v = harness::judge_once(k.as_ref(), &c.case);
-                f.class.is_some_and(|cl| v.classes.contains_key(&cl))
-            });
-            if let Some(d) = det {
-                times.push(d.secs);
+            let run = planted_run(opt, &work, name, seed)?;
+            if let Some(t) = run.secs_to_detect {
+                times.push(t);
             }
-            let run = BugRun {
-                kernel: name.clone(),
-                bug: None,
-                seed,
-                detected: det.is_some(),
-                cases_to_detect: det.map(|d| d.cases),
-                secs_to_detect: det.map(|d| d.secs),
-                class: f.and_then(|f| f.class).map(|c| c.name().to_string()),
-                shrunk_rows: case.as_ref().map(|c| c.case.rows()),
-                shrunk_tokens: case.as_ref().map(|c| {
-                    (0..c.case.shape.batch)
-                        .map(|b| c.case.seq_tokens(b) as u64)
-                        .sum()
-                }),
-                shrunk_blocks: case.as_ref().map(|c| {
-                    (0..c.case.shape.batch)
-                        .map(|b| c.case.blocks_used(b))
-                        .max()
-                        .unwrap_or(0)
-                }),
-                case_file: f.and_then(|f| f.case_file.clone()),
-                replay_reproduces: replay,
-            };
             report.passed &= run.detected && run.replay_reproduces != Some(false);
             if !opt.json {
                 print_bug_line(&run);
@@ -238,7 +220,7 @@ pub fn run(opt: &Options) -> Result<i32, Fatal> {
             .insert(name.clone(), median(&mut times));
     }
     for name in &bugs {
-        if campaign::interrupt::requested() {
+        if crate::interrupt::requested() {
             break;
         }
         let run = production_run(name, &work, opt.budget * PRODUCTION_BUDGET_FACTOR)?;
@@ -250,7 +232,7 @@ pub fn run(opt: &Options) -> Result<i32, Fatal> {
     }
     for name in &doubles {
         for seed in 1..=opt.seeds {
-            if campaign::interrupt::requested() {
+            if crate::interrupt::requested() {
                 break;
             }
             for run in double_bug_runs(opt, &work, name, seed)? {
@@ -263,29 +245,10 @@ pub fn run(opt: &Options) -> Result<i32, Fatal> {
         }
     }
     for name in &clean {
-        if campaign::interrupt::requested() {
+        if crate::interrupt::requested() {
             break;
         }
-        let dir = work.join(name.replace(':', "_"));
-        let mut cfg = Config::new(vec![name.clone()], dir.join("report"));
-        cfg.profile = Profile::All;
-        cfg.budget = Some(opt.budget);
-        cfg.seed = 1;
-        cfg.corpus_dir = dir.join("corpus");
-        cfg.quiet = true;
-        let out = campaign::run(&cfg)?;
-        let run = CleanRun {
-            kernel: name.clone(),
-            cases: out.report.counts.cases_generated,
-            secs: out.report.timings.wall_secs,
-            findings: out.report.findings.len(),
-            signatures: out
-                .report
-                .findings
-                .iter()
-                .map(|f| f.signature.clone())
-                .collect(),
-        };
+        let run = clean_run(opt, &work, name)?;
         report.passed &= run.findings == 0;
         if !opt.json {
             crate::outln!(
@@ -323,33 +286,7 @@ pub fn run(opt: &Options) -> Result<i32, Fatal> {
     if opt.json {
         crate::outln!("{}", serde_json::to_string_pretty(&report).unwrap());
     } else {
-        for (backend, (d, n)) in &report.mutation_score {
-            crate::outln!("mutation score {backend}: {d}/{n} planted bugs detected on every seed");
-        }
-        let reached = report.production.iter().filter(|r| r.reached).count();
-        let reachable = report
-            .production
-            .iter()
-            .filter(|r| r.engine_trigger.is_some())
-            .count();
-        if !report.production.is_empty() {
-            println!(
-                "production profile: reached {reached} of {} planted bugs; an engine's inputs can trigger {reachable}{}",
-                report.production.len(),
-                if report.production.iter().all(|r| r.as_expected()) {
-                    ", and exactly those were reached"
-                } else {
-                    ", but the bugs reached differ from those (UNEXPECTED above)"
-                }
-            );
-        }
-        for u in &unavailable {
-            crate::outln!("skipped (unavailable): {u}");
-        }
-        crate::outln!(
-            "selftest {}",
-            if report.passed { "PASSED" } else { "FAILED" }
-        );
+        print_summary(&report, &unavailable);
     }
     let _ = std::fs::remove_dir_all(&work);
     Ok(if report.passed {
@@ -357,6 +294,114 @@ pub fn run(opt: &Options) -> Result<i32, Fatal> {
     } else {
         exit::FINDINGS
     })
+}
+
+/// A quiet `--profile all` campaign of the selftest's budget on one kernel, in `dir`.
+fn campaign_config(opt: &Options, dir: &std::path::Path, name: &str, seed: u64) -> Config {
+    let mut cfg = Config::new(vec![name.to_string()], dir.join("report"));
+    cfg.profile = Profile::All;
+    cfg.budget = Some(opt.budget);
+    cfg.seed = seed;
+    cfg.corpus_dir = dir.join("corpus");
+    cfg.quiet = true;
+    cfg
+}
+
+/// One campaign on a planted-bug kernel: detected, how fast, and whether the saved case
+/// replays with the class it was saved under.
+fn planted_run(
+    opt: &Options,
+    work: &std::path::Path,
+    name: &str,
+    seed: u64,
+) -> Result<BugRun, Fatal> {
+    let dir = work.join(format!("{}-{seed}", name.replace(':', "_")));
+    let mut cfg = campaign_config(opt, &dir, name, seed);
+    cfg.stop_after_findings = Some(1);
+    cfg.shrink_budget = Duration::from_secs(15);
+    let out = campaign::run(&cfg)?;
+    let det = out.detections.first();
+    let f = out.report.findings.first();
+    let case = f
+        .and_then(|f| f.case_file.as_ref())
+        .and_then(|p| load_case_file(std::path::Path::new(p)).ok());
+    let replay = case.as_ref().zip(f).map(|(c, f)| {
+        let k = kernel::open(name).expect("opened above");
+        let v = harness::judge_once(k.as_ref(), &c.case);
+        f.class.is_some_and(|cl| v.classes.contains_key(&cl))
+    });
+    Ok(BugRun {
+        kernel: name.to_string(),
+        bug: None,
+        seed,
+        detected: det.is_some(),
+        cases_to_detect: det.map(|d| d.cases),
+        secs_to_detect: det.map(|d| d.secs),
+        class: f.and_then(|f| f.class).map(|c| c.name().to_string()),
+        shrunk_rows: case.as_ref().map(|c| c.case.rows()),
+        shrunk_tokens: case.as_ref().map(|c| {
+            (0..c.case.shape.batch)
+                .map(|b| c.case.seq_tokens(b) as u64)
+                .sum()
+        }),
+        shrunk_blocks: case.as_ref().map(|c| {
+            (0..c.case.shape.batch)
+                .map(|b| c.case.blocks_used(b))
+                .max()
+                .unwrap_or(0)
+        }),
+        case_file: f.and_then(|f| f.case_file.clone()),
+        replay_reproduces: replay,
+    })
+}
+
+/// One campaign on a clean kernel: any finding is a false positive.
+fn clean_run(opt: &Options, work: &std::path::Path, name: &str) -> Result<CleanRun, Fatal> {
+    let cfg = campaign_config(opt, &work.join(name.replace(':', "_")), name, 1);
+    let out = campaign::run(&cfg)?;
+    Ok(CleanRun {
+        kernel: name.to_string(),
+        cases: out.report.counts.cases_generated,
+        secs: out.report.timings.wall_secs,
+        findings: out.report.findings.len(),
+        signatures: out
+            .report
+            .findings
+            .iter()
+            .map(|f| f.signature.clone())
+            .collect(),
+    })
+}
+
+/// The closing lines: mutation scores, the production profile's reach, what could not run.
+fn print_summary(report: &SelftestReport, unavailable: &[String]) {
+    for (backend, (d, n)) in &report.mutation_score {
+        crate::outln!("mutation score {backend}: {d}/{n} planted bugs detected on every seed");
+    }
+    let reached = report.production.iter().filter(|r| r.reached).count();
+    let reachable = report
+        .production
+        .iter()
+        .filter(|r| r.engine_trigger.is_some())
+        .count();
+    if !report.production.is_empty() {
+        println!(
+            "production profile: reached {reached} of {} planted bugs; an engine's inputs can trigger {reachable}{}",
+            report.production.len(),
+            if report.production.iter().all(|r| r.as_expected()) {
+                ", and exactly those were reached"
+            } else {
+                ", but the bugs reached differ from those (UNEXPECTED above)"
+            }
+        );
+    }
+    for u in unavailable {
+        crate::outln!("skipped (unavailable): {u}");
+    }
+    crate::outln!(
+        "selftest {}",
+        if report.passed { "PASSED" } else { "FAILED" }
+    );
 }
 
 /// A production campaign is given this many times the selftest budget: its cases are
@@ -382,7 +427,7 @@ fn production_run(
     let out = campaign::run(&cfg)?;
     let plant = name
         .split_once(":bug-")
-        .and_then(|(_, p)| kernel::cpu::Plant::parse(p));
+        .and_then(|(_, p)| kernel::Plant::parse(p));
     let det = out.detections.first();
     Ok(ProductionRun {
         kernel: name.to_string(),

@@ -81,11 +81,35 @@ pub fn utc_stamp(secs: u64) -> String {
     )
 }
 
+/// Quotes `s` for a POSIX shell: as is when it holds only characters no shell treats
+/// specially, else in single quotes. The one quoting of the crate: replay commands,
+/// adapter commands and worker command lines.
+pub fn shell_quote(s: &str) -> String {
+    if !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"/._-=:,".contains(&b))
+    {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::shell_quote;
+
     #[test]
     fn utc_stamp_known_dates() {
         assert_eq!(super::utc_stamp(0), "19700101-000000");
         assert_eq!(super::utc_stamp(1_796_000_000), "20261130-005320");
+    }
+
+    #[test]
+    fn shell_quote_leaves_plain_words_and_quotes_the_rest() {
+        assert_eq!(shell_quote("cpu:chunked"), "cpu:chunked");
+        assert_eq!(shell_quote("a b"), "'a b'");
+        assert_eq!(shell_quote("it's"), r"'it'\''s'");
+        assert_eq!(shell_quote(""), "''");
     }
 }

@@ -1,15 +1,15 @@
 //! Corpus files (JSON + safetensors) round-trip bit-exactly, and every precondition
 //! of the case model fails with an error naming the field, the value and the limit.
 
-mod common;
+mod support;
 
-use common::recipe;
 use mqa_fuzz::case::{
     load_case_file, save_case_file, Case, CaseFile, ContextLens, Provenance, ValueLayout,
 };
 use mqa_fuzz::fp8::Fp8Format;
 use mqa_fuzz::generate::{LensRecipe, OffsetClass, ValueKind};
 use std::path::Path;
+use support::recipe;
 
 /// Everything but the weights compared with `==`, the weights bit for bit (NaN != NaN).
 fn assert_bit_exact(a: &Case, b: &Case) {

@@ -9,11 +9,11 @@ use mqa_fuzz::kernel::cuda;
 use mqa_fuzz::oracle::{Class, OracleConfig};
 use std::process::Command;
 
-mod skip;
-use skip::{trial, Ran};
+mod support;
+use support::skip::{trial, Ran};
 
 fn main() {
-    skip::main(vec![
+    support::skip::main(vec![
         trial(
             "kernels_lists_every_cuda_kernel_with_its_availability",
             kernels_lists_every_cuda_kernel_with_its_availability,

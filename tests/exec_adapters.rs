@@ -164,7 +164,7 @@ fn classes(v: &Verdict) -> Vec<Class> {
 #[test]
 fn numpy_plants_are_caught_like_the_cpu_bugs() {
     require_python!("numpy");
-    for plant in mqa_fuzz::kernel::cpu::Plant::ALL {
+    for plant in mqa_fuzz::kernel::Plant::ALL {
         let name = plant.name();
         let case = case_for(name);
         let cpu = kernel::open(&format!("cpu:bug-{name}")).unwrap();

@@ -1,24 +1,23 @@
 //! Real libraries on a GPU through the worker protocol. Runs only with `MQA_FUZZ_GPU=1`
-//! (`scripts/gpu/deepgemm.sh` sets it up on the H200); elsewhere it says it skipped.
+//! (`scripts/gpu-check.sh deepgemm` sets it up on a GPU machine); elsewhere it says it skipped.
 //!
 //! Hand-built cases over the axes DeepGEMM must survive (lengths 0/1/<N, 2-D lengths,
 //! caches past 2 and 4 GiB, an output past 2 GiB, hostile values, a production batch),
 //! each judged by the oracle, plus a throughput loop; results are printed as a table for
-//! docs/bench-exec.md.
+//! BENCHMARKS.md.
 
 use mqa_fuzz::case::Case;
-use mqa_fuzz::cli::verdict_line;
 use mqa_fuzz::generate::*;
 use mqa_fuzz::harness::{run_and_judge, ReferenceCache};
 use mqa_fuzz::kernel;
 use mqa_fuzz::oracle::OracleConfig;
 use std::time::Instant;
 
-mod skip;
-use skip::{trial, Ran};
+mod support;
+use support::skip::{trial, Ran};
 
 fn main() {
-    skip::main(vec![
+    support::skip::main(vec![
         trial("write_cases_for_replay", write_cases_for_replay),
         trial(
             "gpu_adapters_on_hand_built_cases",
@@ -154,7 +153,7 @@ fn write_cases_for_replay() -> Ran {
 
 fn gpu_adapters_on_hand_built_cases() -> Ran {
     if std::env::var("MQA_FUZZ_GPU").is_err() {
-        return Err("set MQA_FUZZ_GPU=1 on a GPU machine (scripts/gpu/deepgemm.sh)".into());
+        return Err("set MQA_FUZZ_GPU=1 on a GPU machine (scripts/gpu-check.sh deepgemm)".into());
     }
     let kernels = std::env::var("MQA_FUZZ_GPU_KERNELS").unwrap_or_else(|_| "deepgemm,torch".into());
     let cfg = OracleConfig {
@@ -195,7 +194,7 @@ fn gpu_adapters_on_hand_built_cases() -> Ran {
                 case.kv_cache_bytes() as f64 / (1u64 << 30) as f64,
                 j.wall.as_secs_f64(),
                 refs.time.as_secs_f64(),
-                verdict_line(&j.verdict)
+                j.verdict
             );
         }
         // Throughput on small mixed cases (after the JIT warm-up above).

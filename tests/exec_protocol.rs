@@ -10,13 +10,9 @@ use mqa_fuzz::kernel::{self, Kernel, OutputBuffer, RunError};
 use mqa_fuzz::oracle::Class;
 use std::time::{Duration, Instant};
 
-fn recipe(lens: Vec<usize>, next_n: usize, seed: u64) -> Recipe {
-    Recipe::small(lens, next_n, seed)
-}
-
 fn cases() -> Vec<Case> {
     (0..4)
-        .map(|k| recipe(vec![300 + k, 0, 17, 40], 2, k as u64).materialize())
+        .map(|k| Recipe::small(vec![300 + k, 0, 17, 40], 2, k as u64).materialize())
         .collect()
 }
 
@@ -61,13 +57,13 @@ fn served_kernel_matches_in_process_bit_for_bit() {
 
 #[test]
 fn planted_bugs_are_caught_through_the_protocol() {
-    let case = recipe(vec![300, 0, 17, 512], 2, 7).materialize();
+    let case = Recipe::small(vec![300, 0, 17, 512], 2, 7).materialize();
     let k = start("cpu:bug-tail-unwritten", None, Duration::from_secs(60));
     let v = judge_once(&k, &case);
     assert!(v.classes.contains_key(&Class::Unwritten), "{v:?}");
     // A write past the end of a full row lands in the row padding or the trailing
     // guard: the whole guarded buffer travels, so the oob check still works.
-    let mut r = recipe(vec![300, 0, 17, 290], 2, 7);
+    let mut r = Recipe::small(vec![300, 0, 17, 290], 2, 7);
     r.model_len_slack = 0;
     let case = r.materialize();
     assert!(judge_once(

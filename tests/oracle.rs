@@ -1,9 +1,8 @@
 //! The oracle: every class is produced by a deliberately wrong output and detected;
 //! the guard verdict and the downstream top-k check.
 
-mod common;
+mod support;
 
-use common::*;
 use mqa_fuzz::case::{Case, ScalePlacement};
 use mqa_fuzz::harness::{run_and_judge, ReferenceCache};
 use mqa_fuzz::kernel::{
@@ -11,6 +10,7 @@ use mqa_fuzz::kernel::{
 };
 use mqa_fuzz::oracle::{judge, Class, ErrorBound, OracleConfig, Verdict};
 use mqa_fuzz::reference::{self, Reference, RowSelection};
+use support::*;
 
 struct Fixture {
     case: Case,

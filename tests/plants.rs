@@ -1,14 +1,14 @@
 //! Every planted bug is caught, with the class its mechanism produces, on a case the
 //! production kernels (`cpu:chunked`, `cpu:naive`) pass.
 
-mod common;
+mod support;
 
-use common::*;
 use mqa_fuzz::case::{Case, ContextLens};
 use mqa_fuzz::fp8::Fp8Format;
 use mqa_fuzz::generate::*;
-use mqa_fuzz::kernel::cpu::Plant;
+use mqa_fuzz::kernel::Plant;
 use mqa_fuzz::oracle::Class;
+use support::*;
 
 /// Asserts `cpu:bug-<plant>` finds `class` on `case` and the good kernels are clean.
 fn caught(plant: Plant, case: &Case, class: Class) {

@@ -2,9 +2,8 @@
 //! written here from the DESIGN formula — its own fp8 decode from the bit fields, exact
 //! integer dot products, its own addressing — and (2) tiny cases computed by hand.
 
-mod common;
+mod support;
 
-use common::recipe;
 use mqa_fuzz::case::{
     BlockTable, Case, ContextLens, ScalePlacement, Shape, SparseKvCache, ValueLayout,
 };
@@ -12,6 +11,7 @@ use mqa_fuzz::fp8::Fp8Format;
 use mqa_fuzz::generate::{LensRecipe, ValueKind};
 use mqa_fuzz::reference::{compute, element, RowSelection};
 use std::collections::BTreeMap;
+use support::recipe;
 
 // ---- the independent implementation ---------------------------------------------
 

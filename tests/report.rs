@@ -2,9 +2,11 @@
 
 mod support;
 
+use mqa_fuzz::generate::Recipe;
 use mqa_fuzz::oracle::Class;
 use mqa_fuzz::report::picture::{FIRST_OUT_OF_BOUND_BIN, NON_FINITE_BIN};
 use mqa_fuzz::report::*;
+use mqa_fuzz::shard::Shard;
 use std::path::Path;
 use std::process::Command;
 use support::campaign;
@@ -484,7 +486,7 @@ fn report_subcommand_rerenders_from_report_json() {
 #[ignore]
 fn picture_cost() {
     use mqa_fuzz::harness::{run_and_judge, ReferenceCache};
-    let mut r = support::recipe(vec![16384, 9000, 12000, 16000], 2, 9);
+    let mut r = Recipe::small(vec![16384, 9000, 12000, 16000], 2, 9);
     r.heads = 64;
     r.head_dim = 128;
     r.block_size = 64;
@@ -545,7 +547,7 @@ fn big_cases_aggregate_cells_keeping_the_worst_class() {
     // 150 sequences × next_n 2 = 300 rows, rows up to 1,500 positions: more than one
     // row and position per cell.
     let lens: Vec<usize> = (0..150).map(|b| 300 + (b * 97) % 1200).collect();
-    let case = support::recipe(lens, 2, 3).materialize();
+    let case = Recipe::small(lens, 2, 3).materialize();
     let k = mqa_fuzz::kernel::open("cpu:bug-tail-unwritten").unwrap();
     let mut refs = ReferenceCache::new(&case);
     let j = run_and_judge(k.as_ref(), &case, &mut refs, &Default::default());

@@ -9,11 +9,10 @@ use mqa_fuzz::report::{write_all, CellClass};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-mod skip;
-use skip::{trial, Ran};
+use support::skip::{trial, Ran};
 
 fn main() {
-    skip::main(vec![trial(
+    support::skip::main(vec![trial(
         "index_html_renders_in_headless_chromium",
         index_html_renders_in_headless_chromium,
     )])

@@ -272,44 +272,7 @@ pub fn run_reference_bench(opts: &ReferenceBenchOptions) -> Result<i32, Fatal> {
             ));
         }
         if bc.name == "a" {
-            // Every backend × thread count interleaved, so machine noise hits all alike.
-            let work: Vec<(Backend, Box<dyn Fn() + Sync>)> = Backend::all()
-                .into_iter()
-                .map(|backend| {
-                    let f: Box<dyn Fn() + Sync> = Box::new(move || {
-                        drop(reference::compute_with(
-                            case,
-                            placement,
-                            &RowSelection::All,
-                            backend,
-                        ))
-                    });
-                    (backend, f)
-                })
-                .collect();
-            let runs: Vec<(&rayon::ThreadPool, &(dyn Fn() + Sync))> = work
-                .iter()
-                .flat_map(|(_, f)| pools.iter().map(move |(_, p)| (p, f.as_ref())))
-                .collect();
-            let timings = time_interleaved(&runs, opts.min_seconds / 2.0);
-            let labels = work
-                .iter()
-                .flat_map(|(b, _)| pools.iter().map(move |(n, _)| (*b, *n)));
-            for ((backend, n), &(best, _)) in labels.zip(&timings) {
-                say(format!(
-                    "  backend {:<15} {:>2} thr {:9.2} ms  {:7.1} GFLOP/s",
-                    backend.name(),
-                    n,
-                    best * 1e3,
-                    flops / best / 1e9
-                ));
-                backends.push(BackendTiming {
-                    backend: backend.name(),
-                    threads: n,
-                    best_s: best,
-                    gflops: flops / best / 1e9,
-                });
-            }
+            backends = backend_timings(case, placement, &pools, opts.min_seconds, &say);
         }
         let mut report = CaseReport {
             name: bc.name,
@@ -325,37 +288,16 @@ pub fn run_reference_bench(opts: &ReferenceBenchOptions) -> Result<i32, Fatal> {
             speedup_vs_numpy: None,
         };
         if numpy_ok.is_ok() {
-            let file = tmp.join(format!("case_{}.safetensors", bc.name));
-            numpy::write_case(case, placement, &file)
-                .map_err(|e| Fatal::environment(format!("writing {}: {e}", file.display())))?;
-            for (n, _) in &pools {
-                match numpy::run(&tmp, &file, *n, opts.min_seconds) {
-                    Ok(run) => {
-                        say(format!(
-                            "  numpy  {:>2} thr  {:9.2} ms  {:7.1} GFLOP/s  {:5.1}% of peak   rust is {:.2}x faster",
-                            n,
-                            run.seconds * 1e3,
-                            flops / run.seconds / 1e9,
-                            100.0 * flops / run.seconds / 1e9 / if *n == 1 { peak1 } else { peak_all },
-                            run.seconds / report.rust[if *n == 1 { 0 } else { 1 }].best_s
-                        ));
-                        if *n == threads {
-                            report.speedup_vs_numpy = Some(run.seconds / report.rust[1].best_s);
-                            report.numpy_max_rel_diff = Some(max_rel_diff(&fast, &run.values));
-                            say(format!("  numpy BLAS: {}", run.blas));
-                            say(format!(
-                                "  numpy vs rust: max |diff|/relu_mag {:.1e}",
-                                report.numpy_max_rel_diff.unwrap()
-                            ));
-                        }
-                        report.numpy.push(serde_json::to_value(&run).unwrap());
-                    }
-                    Err(why) => {
-                        say(format!("  numpy  {n:>2} thr  failed: {why}"));
-                        report.numpy_skipped = Some(why);
-                    }
-                }
-            }
+            numpy_column(
+                &mut report,
+                (bc.name, case, &fast),
+                placement,
+                &pools,
+                (threads, peak1, peak_all),
+                &tmp,
+                opts.min_seconds,
+                &say,
+            )?;
         }
         reports.push(report);
     }
@@ -373,6 +315,107 @@ pub fn run_reference_bench(opts: &ReferenceBenchOptions) -> Result<i32, Fatal> {
         crate::outln!("{}", serde_json::to_string_pretty(&r).unwrap());
     }
     Ok(crate::error::exit::CLEAN)
+}
+
+type Pools = [(usize, rayon::ThreadPool); 2];
+
+/// Case a on every reference backend × thread count, interleaved so that machine noise
+/// hits all alike.
+fn backend_timings(
+    case: &Case,
+    placement: ScalePlacement,
+    pools: &Pools,
+    min_seconds: f64,
+    say: &dyn Fn(String),
+) -> Vec<BackendTiming> {
+    let flops = dot_flops(case);
+    let mut out = Vec::new();
+    let work: Vec<(Backend, Box<dyn Fn() + Sync>)> = Backend::all()
+        .into_iter()
+        .map(|backend| {
+            let f: Box<dyn Fn() + Sync> = Box::new(move || {
+                drop(reference::compute_with(
+                    case,
+                    placement,
+                    &RowSelection::All,
+                    backend,
+                ))
+            });
+            (backend, f)
+        })
+        .collect();
+    let runs: Vec<(&rayon::ThreadPool, &(dyn Fn() + Sync))> = work
+        .iter()
+        .flat_map(|(_, f)| pools.iter().map(move |(_, p)| (p, f.as_ref())))
+        .collect();
+    let timings = time_interleaved(&runs, min_seconds / 2.0);
+    let labels = work
+        .iter()
+        .flat_map(|(b, _)| pools.iter().map(move |(n, _)| (*b, *n)));
+    for ((backend, n), &(best, _)) in labels.zip(&timings) {
+        say(format!(
+            "  backend {:<15} {:>2} thr {:9.2} ms  {:7.1} GFLOP/s",
+            backend.name(),
+            n,
+            best * 1e3,
+            flops / best / 1e9
+        ));
+        out.push(BackendTiming {
+            backend: backend.name(),
+            threads: n,
+            best_s: best,
+            gflops: flops / best / 1e9,
+        });
+    }
+    out
+}
+
+/// The numpy column of one case: numpy's time on each pool's thread count, its speed
+/// against ours and its largest difference from the exact reference `fast`.
+#[allow(clippy::too_many_arguments)] // one case's context, passed as the loop holds it
+fn numpy_column(
+    report: &mut CaseReport,
+    (name, case, fast): (&str, &Case, &reference::Reference),
+    placement: ScalePlacement,
+    pools: &Pools,
+    (threads, peak1, peak_all): (usize, f64, f64),
+    tmp: &std::path::Path,
+    min_seconds: f64,
+    say: &dyn Fn(String),
+) -> Result<(), Fatal> {
+    let flops = dot_flops(case);
+    let file = tmp.join(format!("case_{}.safetensors", name));
+    numpy::write_case(case, placement, &file)
+        .map_err(|e| Fatal::environment(format!("writing {}: {e}", file.display())))?;
+    for (n, _) in pools {
+        match numpy::run(tmp, &file, *n, min_seconds) {
+            Ok(run) => {
+                say(format!(
+                    "  numpy  {:>2} thr  {:9.2} ms  {:7.1} GFLOP/s  {:5.1}% of peak   rust is {:.2}x faster",
+                    n,
+                    run.seconds * 1e3,
+                    flops / run.seconds / 1e9,
+                    100.0 * flops / run.seconds / 1e9 / if *n == 1 { peak1 } else { peak_all },
+                    run.seconds / report.rust[if *n == 1 { 0 } else { 1 }].best_s
+                ));
+                if *n == threads {
+                    report.speedup_vs_numpy = Some(run.seconds / report.rust[1].best_s);
+                    report.numpy_max_rel_diff = Some(max_rel_diff(fast, &run.values));
+                    say(format!("  numpy BLAS: {}", run.blas));
+                    say(format!(
+                        "  numpy vs rust: max |diff|/relu_mag {:.1e}",
+                        report.numpy_max_rel_diff.unwrap()
+                    ));
+                }
+                report.numpy.push(serde_json::to_value(&run).unwrap());
+            }
+            Err(why) => {
+                say(format!("  numpy  {n:>2} thr  failed: {why}"));
+                report.numpy_skipped = Some(why);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Largest `|numpy - rust| / relu_mag` over V(r), row by row (numpy sums in another

@@ -134,7 +134,7 @@ impl Book {
                         "corpus {}: {} {}",
                         path.display(),
                         kern.name(),
-                        crate::cli::verdict_line(&run.verdict)
+                        run.verdict
                     ));
                     self.replayed(ctx, subject, path, file, run.verdict.clone());
                 }
@@ -514,7 +514,7 @@ impl Book {
         ctx.progress.println(&format!(
             "  {} {}: {} row(s), {} token(s); {}; tier {}{}{}",
             sig.kernel,
-            crate::cli::verdict_line(&shrunk.verdict),
+            shrunk.verdict,
             shrunk.case.rows(),
             tokens,
             trigger.sentence(),

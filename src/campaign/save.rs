@@ -9,13 +9,7 @@ use crate::oracle::Class;
 use std::path::{Path, PathBuf};
 
 fn quote(s: &str) -> String {
-    if s.chars()
-        .all(|c| c.is_ascii_alphanumeric() || "-_:./=".contains(c))
-    {
-        s.to_string()
-    } else {
-        format!("'{}'", s.replace('\'', "'\\''"))
-    }
+    crate::util::shell_quote(s)
 }
 
 /// `mqa-fuzz replay FILE --kernel A [--kernel B]`: one kernel for a finding of that

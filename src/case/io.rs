@@ -7,8 +7,8 @@
 //! them, and every error names the file and the field.
 
 use super::{BlockTable, Case, ContextLens, Shape, SparseKvCache, ValueLayout};
+use crate::class::Class;
 use crate::fp8::Fp8Format;
-use crate::oracle::Class;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -78,6 +78,12 @@ pub struct CaseFileError {
     pub path: PathBuf,
     pub field: String,
     pub message: String,
+}
+
+impl From<CaseFileError> for crate::error::Fatal {
+    fn from(e: CaseFileError) -> Self {
+        crate::error::Fatal::usage(e.to_string())
+    }
 }
 
 fn ferr(path: &Path, field: impl Into<String>, message: impl Into<String>) -> CaseFileError {

@@ -147,7 +147,7 @@ pub fn ablate(
         let benign = f.benign(recipe);
         let mut clean = false;
         for draw in 0..ABLATION_DRAWS {
-            if Instant::now() >= deadline || crate::campaign::interrupt::requested() {
+            if Instant::now() >= deadline || crate::interrupt::requested() {
                 complete = false;
                 break 'features;
             }
@@ -186,7 +186,7 @@ pub fn ablate(
         trigger.checked_tier = Some(want);
     } else if complete {
         for draw in 0..ABLATION_DRAWS {
-            if Instant::now() >= deadline || crate::campaign::interrupt::requested() {
+            if Instant::now() >= deadline || crate::interrupt::requested() {
                 break;
             }
             let case = Recipe {

@@ -7,6 +7,7 @@ pub mod engine;
 pub mod pool;
 pub mod recipe;
 pub mod strategy;
+mod values;
 
 pub use recipe::{LensRecipe, OffsetClass, Padding, PoolRecipe, Recipe, TableOrder, ValueKind};
 pub use strategy::{draw_strategy, Draw, Profile};

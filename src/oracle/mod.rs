@@ -8,6 +8,7 @@
 //! `nan_to_num_(-inf)` change anything in V(r)) and the downstream top-k check.
 
 mod bound;
+mod display;
 mod judge;
 pub mod picture;
 pub mod scan;
@@ -22,75 +23,7 @@ use crate::kernel::{OutputBuffer, RunInfo, POISON_BITS};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-/// A finding class (everything but `ok`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Class {
-    /// Finite, outside the error bound.
-    Mismatch,
-    /// Computed NaN in V(r).
-    Nan,
-    /// ±inf in V(r).
-    Inf,
-    /// The poison survived in V(r): never written.
-    Unwritten,
-    /// Outside V(r), not -inf, for a kernel that promises clean logits.
-    NegInfContract,
-    /// A guard zone or row padding changed.
-    OobWrite,
-    /// An input buffer changed during the run.
-    InputMutated,
-    /// Launch error, illegal address, abort, timeout.
-    Crash,
-    /// Two runs of the same case differ bitwise in V(r).
-    Nondeterministic,
-    /// The downstream top-k of a row would select differently from the reference.
-    Topk,
-    /// Two kernels disagree beyond both their bounds.
-    Divergent,
-}
-
-impl Class {
-    pub const ALL: [Class; 11] = [
-        Class::Mismatch,
-        Class::Nan,
-        Class::Inf,
-        Class::Unwritten,
-        Class::NegInfContract,
-        Class::OobWrite,
-        Class::InputMutated,
-        Class::Crash,
-        Class::Nondeterministic,
-        Class::Topk,
-        Class::Divergent,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Class::Mismatch => "mismatch",
-            Class::Nan => "nan",
-            Class::Inf => "inf",
-            Class::Unwritten => "unwritten",
-            Class::NegInfContract => "neg_inf_contract",
-            Class::OobWrite => "oob_write",
-            Class::InputMutated => "input_mutated",
-            Class::Crash => "crash",
-            Class::Nondeterministic => "nondeterministic",
-            Class::Topk => "topk",
-            Class::Divergent => "divergent",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Class> {
-        Class::ALL.into_iter().find(|c| c.name() == s)
-    }
-}
-
-impl std::fmt::Display for Class {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
+pub use crate::class::Class;
 
 /// The class of one element of V(r).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

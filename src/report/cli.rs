@@ -71,18 +71,25 @@ pub fn cmd_merge(dirs: &[PathBuf], out: &Path) -> Result<i32, Fatal> {
     })
 }
 
+/// Replays a finding's saved case: `Ok(true)` it still fails that way, `Ok(false)` it
+/// does not, `Err(why)` it cannot be replayed here.
+pub type Replay<'a> = &'a mut dyn FnMut(&super::Finding) -> Result<bool, String>;
+
 /// `mqa-fuzz diff BASE CAND`: exit 1 when the candidate has findings the base has not.
 /// A finding of the base that the candidate lacks is `fixed` only when its saved case
-/// no longer fails on replay (`replay`; skipped with `--no-replay`).
-pub fn cmd_diff(base: &Path, cand: &Path, json: bool, replay: bool) -> Result<i32, Fatal> {
+/// no longer fails on replay (`replay`: whether it still does; `None` with
+/// `--no-replay`).
+pub fn cmd_diff(
+    base: &Path,
+    cand: &Path,
+    json: bool,
+    replay: Option<Replay>,
+) -> Result<i32, Fatal> {
     let b = load(base)?;
     let c = load(cand)?;
     let mut d = diff(&b, &c);
-    if replay {
-        let oracle = crate::oracle::OracleConfig::default();
-        super::fold::confirm_fixed(&mut d, &mut |f| {
-            crate::campaign::corpus::reproduces(f, &oracle)
-        });
+    if let Some(replay) = replay {
+        super::fold::confirm_fixed(&mut d, replay);
     } else {
         let gone = std::mem::take(&mut d.fixed);
         d.unconfirmed = gone

@@ -3,6 +3,7 @@
 
 use super::model::*;
 use super::stats::add_map;
+use crate::shard::Shard;
 use std::collections::{BTreeSet, HashMap};
 
 /// The copy of a finding that is easiest to debug: shrunk first, then the smallest case.

@@ -115,7 +115,7 @@ fn finding_html(s: &mut String, i: usize, f: &Finding) {
         ("trigger", f.needs.clone()),
         ("first offender at", f.position.join(", ")),
         ("classes", classes.join(", ")),
-        ("verdict", crate::cli::verdict_line(&f.verdict)),
+        ("verdict", f.verdict.to_string()),
         (
             "case",
             // The same numbers as the picture's caption, each named: rows of the

@@ -80,7 +80,7 @@ pub fn junit_xml(report: &Report) -> String {
                     f.tier.name(),
                     f.needs,
                     f.position.join(", "),
-                    crate::cli::verdict_line(&f.verdict)
+                    f.verdict
                 );
                 for ex in &f.verdict.examples {
                     text.push_str(&format!("  {}\n", example_line(ex)));

@@ -11,7 +11,6 @@ pub mod junit;
 pub mod markdown;
 pub mod model;
 pub mod picture;
-pub mod shard;
 mod stats;
 pub mod svg;
 
@@ -19,7 +18,6 @@ pub use fold::{diff, diff_text, merge, missing_shards};
 pub use headline::headline;
 pub use model::*;
 pub use picture::{class_map, error_histogram};
-pub use shard::{shard_from_env, shard_from_vars};
 
 use crate::error::Fatal;
 use crate::util::write_atomic;

@@ -7,6 +7,7 @@
 //! then refuses to read back as a number, so a report with a NaN finding would not load.
 
 use crate::oracle::{Class, Verdict};
+use crate::shard::Shard;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -57,22 +58,6 @@ pub struct KernelInfo {
     pub version: String,
     pub planted_bug: bool,
     pub capabilities: serde_json::Value,
-}
-
-/// Shard `index` of `count` (0-based): the seeds a campaign runs are partitioned so that
-/// shards never overlap.
-#[derive(
-    Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord, Hash,
-)]
-pub struct Shard {
-    pub index: u32,
-    pub count: u32,
-}
-
-impl std::fmt::Display for Shard {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.index, self.count)
-    }
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]

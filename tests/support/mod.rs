@@ -1,22 +1,60 @@
-//! Realistic reports for the report tests, built the way a campaign builds them: real
-//! cases (recipes), real kernels (planted bugs included), the real oracle, and the
-//! report module's own pictures. Nothing is hand-written except the signature scheme.
+//! Helpers shared by the integration tests: the one place for test recipes (all built
+//! from `Recipe::small`), judging a case on a kernel, and realistic reports built the way
+//! a campaign builds them (real cases, real kernels, planted bugs included, the real
+//! oracle, the report module's own pictures; nothing hand-written but the signature
+//! scheme). `skip` is the harness of the test files that decide at run time whether
+//! they can run.
 #![allow(dead_code)]
 
+pub mod skip;
+
+use mqa_fuzz::case::Case;
 use mqa_fuzz::generate::*;
 use mqa_fuzz::harness::{run_and_judge, ReferenceCache};
 use mqa_fuzz::kernel;
-use mqa_fuzz::oracle::OracleConfig;
+use mqa_fuzz::oracle::{OracleConfig, Verdict};
 use mqa_fuzz::report::*;
+use mqa_fuzz::shard::Shard;
 
-pub fn recipe(lens: Vec<usize>, next_n: usize, seed: u64) -> Recipe {
-    Recipe::small(lens, next_n, seed)
+/// A small, valid recipe: permuted table with -1 padding, padded strides, pipeline values.
+pub fn recipe(lens: Vec<usize>, next_n: usize) -> Recipe {
+    Recipe {
+        heads: 4,
+        head_dim: 32,
+        ..Recipe::small(lens, next_n, 7)
+    }
+}
+
+/// Runs `name` on `case` with a fresh reference.
+pub fn judge(name: &str, case: &Case) -> Verdict {
+    judge_cfg(name, case, &OracleConfig::default())
+}
+
+pub fn judge_cfg(name: &str, case: &Case, cfg: &OracleConfig) -> Verdict {
+    let k = kernel::open(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let mut refs = ReferenceCache::new(case);
+    run_and_judge(k.as_ref(), case, &mut refs, cfg).verdict
+}
+
+/// Asserts the production kernels are clean on `case`.
+pub fn assert_clean_on_good_kernels(case: &Case) {
+    case.validate().expect("case must be valid");
+    for name in ["cpu:chunked", "cpu:naive"] {
+        let v = judge(name, case);
+        assert!(
+            v.is_clean(),
+            "{name} must be clean: {:?} {:?}",
+            v.classes,
+            v.examples
+        );
+        assert!(v.skipped.is_none(), "{name} skipped: {:?}", v.skipped);
+    }
 }
 
 /// The recipe of case `seed`: lengths vary with the seed so cases differ in shape.
 pub fn recipe_for(seed: u64) -> Recipe {
     let a = 200 + (seed as usize * 37) % 300;
-    recipe(vec![a, 0, 17 + seed as usize % 5, 300], 2, seed)
+    Recipe::small(vec![a, 0, 17 + seed as usize % 5, 300], 2, seed)
 }
 
 /// Runs `seeds` on `kernel_name` and folds the verdicts into a report, as a campaign

@@ -6,9 +6,10 @@
 mod chunked;
 mod device_view;
 
-pub use chunked::{ChunkedKernel, Plant};
+pub use chunked::ChunkedKernel;
 pub use device_view::{poison_byte, DeviceView};
 
+use super::plant::Plant;
 use super::{Kernel, KernelEntry};
 
 /// Every CPU kernel the registry lists.

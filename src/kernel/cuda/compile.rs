@@ -19,7 +19,7 @@ pub enum Program {
     Util,
     Naive,
     Tiled,
-    Oracle,
+    Reference,
 }
 
 impl Program {
@@ -27,7 +27,7 @@ impl Program {
         Program::Util,
         Program::Naive,
         Program::Tiled,
-        Program::Oracle,
+        Program::Reference,
     ];
 
     pub fn file(self) -> &'static str {
@@ -35,7 +35,7 @@ impl Program {
             Program::Util => "util.cu",
             Program::Naive => "naive.cu",
             Program::Tiled => "tiled.cu",
-            Program::Oracle => "oracle.cu",
+            Program::Reference => "reference.cu",
         }
     }
 
@@ -44,7 +44,7 @@ impl Program {
             Program::Util => include_str!("../../../kernels/util.cu"),
             Program::Naive => include_str!("../../../kernels/naive.cu"),
             Program::Tiled => include_str!("../../../kernels/tiled.cu"),
-            Program::Oracle => include_str!("../../../kernels/oracle.cu"),
+            Program::Reference => include_str!("../../../kernels/reference.cu"),
         }
     }
 }

@@ -8,7 +8,7 @@ use super::memory::{failure, launch, DeviceCase, Params};
 use super::sys::{DeviceMemory, Timer};
 use crate::case::{Case, ScalePlacement};
 use crate::fp8::Fp8Format;
-use crate::kernel::cpu::Plant;
+use crate::kernel::Plant;
 use crate::kernel::{
     Accumulation, BlockSizes, Capabilities, Kernel, OutputBuffer, RunError, RunInfo,
 };
@@ -20,7 +20,7 @@ use std::time::Duration;
 /// accumulator inside `wgmma` (DeepSeek-V3 §3.3.2: about 14 bits on H800 for long K).
 /// `cuda:tiled` uses `mma.sync` m16n8k32, whose K=32 partial sums are added to f32
 /// accumulators: on the H200 the largest dot error observed (gpu-selfcheck, random
-/// cases of every shape and value kind, see docs/bench-cuda.md) was 7.6e-10 of
+/// cases of every shape and value kind, see BENCHMARKS.md) was 7.6e-10 of
 /// Σ|q_d k_d|, below f32 rounding. 2^-20 keeps a margin of more than 1000x over that
 /// while staying far below the errors the planted bugs produce.
 pub const TILED_REL: f64 = 1.0 / 1_048_576.0;

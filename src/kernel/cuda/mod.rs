@@ -3,8 +3,10 @@
 //! Layers, bottom up: [`sys`] (every raw driver/NVRTC call, unsafe, thin), [`compile`]
 //! (NVRTC + disk cache of the embedded `kernels/*.cu`), [`device`] (the process's GPU,
 //! recovery after faults), [`memory`] (a case laid out on the device as production
-//! lays it out, poisoned), [`kernels`] (the `Kernel` implementations), [`oracle`] (the
-//! exact f64 reference on the GPU), [`bench`] (self-check and benchmarks).
+//! lays it out, poisoned), [`kernels`] (the `Kernel` implementations), [`reference`] (the
+//! exact f64 reference on the GPU, checked against the CPU one). The GPU commands that
+//! drive them (`gpu-selfcheck`, `bench gpu`, `gpu-precompile`) are application code and
+//! live in `crate::bench::gpu`.
 //!
 //! `cuda-direct:<name>` runs in this process; `cuda:<name>` (what users name) runs
 //! each case in a worker process per GPU, so an illegal address kills a worker, not
@@ -12,12 +14,11 @@
 //! kernels are listed as unavailable with the reason and opening one is an
 //! environment error (exit 3).
 
-pub mod bench;
 pub mod compile;
 pub mod device;
 pub mod kernels;
 pub mod memory;
-pub mod oracle;
+pub mod reference;
 pub mod sys;
 
 use super::{Kernel, KernelEntry, OpenError};
@@ -146,6 +147,7 @@ mod worker {
     use super::*;
     use crate::kernel::exec::{device_env, ExecConfig, ExecKernel};
     use crate::kernel::RunError;
+    use crate::util::shell_quote;
     use std::time::Duration;
 
     /// The parent's view of GPU `i` as the child must name it: with
@@ -159,10 +161,6 @@ mod worker {
                 .unwrap_or_else(|| i.to_string()),
             _ => i.to_string(),
         }
-    }
-
-    fn shell_quote(s: &str) -> String {
-        format!("'{}'", s.replace('\'', "'\\''"))
     }
 
     pub fn pool(v: Variant, gpus: &[usize]) -> Result<Box<dyn Kernel>, String> {
@@ -219,16 +217,10 @@ mod tests {
         for v in Variant::all() {
             assert_eq!(Variant::parse(&v.short_name()), Some(v));
         }
-        assert_eq!(
-            Variant::all().len(),
-            2 + crate::kernel::cpu::Plant::ALL.len()
-        );
+        assert_eq!(Variant::all().len(), 2 + crate::kernel::Plant::ALL.len());
         // Two planted bugs compose: both defines, one name.
         let two = Variant::parse("bug-offset32-kv+scale-before-relu").unwrap();
         assert_eq!(Variant::parse(&two.short_name()), Some(two));
-        assert!(crate::kernel::is_planted_bug(
-            "cuda:bug-offset32-kv+scale-before-relu"
-        ));
         let case = crate::generate::Recipe::small(vec![4], 1, 1).materialize();
         let d = two.defines_for(&case);
         for bug in ["BUG_OFFSET32_KV", "BUG_SCALE_BEFORE_RELU"] {

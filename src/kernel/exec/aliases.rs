@@ -4,6 +4,7 @@
 //! whole string stays the kernel's name, so a saved case replays on the same thing.
 
 use crate::kernel::{KernelEntry, OpenError};
+use crate::util::shell_quote;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -67,17 +68,6 @@ pub fn adapter_dir() -> Option<PathBuf> {
     candidates
         .into_iter()
         .find(|d| d.join("protocol_common.py").is_file())
-}
-
-fn shell_quote(s: &str) -> String {
-    if !s.is_empty()
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"/._-=:,".contains(&b))
-    {
-        s.to_string()
-    } else {
-        format!("'{}'", s.replace('\'', r"'\''"))
-    }
 }
 
 /// The shell command for an alias name (`deepgemm`, `numpy --plant zero-batch`), or

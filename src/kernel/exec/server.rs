@@ -1,5 +1,5 @@
 //! The worker side of the protocol for built-in kernels: `mqa-fuzz worker --kernel NAME`
-//! serves any kernel `kernel::open` knows, so an in-process kernel (a CUDA kernel that
+//! serves any kernel `kernel::open` knows (the caller opens it), so an in-process kernel (a CUDA kernel that
 //! may hit an illegal address) can run isolated in a child process whose death costs
 //! one case, not the campaign.
 //!
@@ -8,7 +8,7 @@
 
 use super::protocol::{self, ErrorKind, Hello, RunRequest, WorkerLine, PROTOCOL_VERSION};
 use crate::error::{exit, Fatal};
-use crate::kernel::{self, Kernel, RunError};
+use crate::kernel::{Kernel, OpenError, RunError};
 use std::io::{BufRead, Write};
 use std::path::Path;
 
@@ -59,12 +59,17 @@ fn send(out: &mut impl Write, line: &WorkerLine) -> std::io::Result<()> {
     out.flush()
 }
 
-/// Serves `kernel_name` on stdin/stdout until stdin closes.
-pub fn serve(kernel_name: &str, fault: Option<Fault>) -> Result<i32, Fatal> {
+/// Serves `kernel_name` on stdin/stdout until stdin closes. The caller opens the kernel
+/// (`kernel::open(kernel_name)`: the registry sits above the backends, this one included).
+pub fn serve(
+    kernel_name: &str,
+    opened: Result<Box<dyn Kernel>, OpenError>,
+    fault: Option<Fault>,
+) -> Result<i32, Fatal> {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let io = |e: std::io::Error| Fatal::environment(format!("worker: cannot write to stdout: {e}"));
-    let k = match kernel::open(kernel_name) {
+    let k = match opened {
         Ok(k) => k,
         Err(e) => {
             let msg = e.to_string();

@@ -1,24 +1,24 @@
 //! GPU self-check and benchmarks, run on the device machine in one call
-//! (`scripts/gpu-check.sh`): `mqa-fuzz gpu-selfcheck` (hidden) and `mqa-fuzz bench oracle`.
+//! (`scripts/gpu-check.sh`): `mqa-fuzz gpu-selfcheck` (hidden) and `mqa-fuzz bench gpu`.
 //!
 //! The self-check proves on real hardware what CI cannot: the kernels agree with the
 //! exact CPU reference over many random cases, every planted bug is caught through its
-//! real mechanism (one of them by crashing), the GPU oracle is bit-identical to the CPU
+//! real mechanism (one of them by crashing), the GPU reference is bit-identical to the CPU
 //! reference, and the production case runs within the performance target.
 
-use super::compile::{self, Program};
-use super::device::{self, with_gpu, GpuFailure};
-use super::kernels::{launch_variant, CudaDirect, Variant};
-use super::memory::{failure, DeviceCase};
-use super::oracle::{self, OracleTuning};
-use super::sys::{DeviceMemory, Timer};
 use crate::case::{Case, ScalePlacement, ValueLayout};
 use crate::error::{exit, Fatal};
 use crate::fp8::Fp8Format;
 use crate::generate::recipe::rng_for;
 use crate::generate::{LensRecipe, OffsetClass, Padding, Recipe, TableOrder, ValueKind};
 use crate::harness::{self, ReferenceCache};
-use crate::kernel::cpu::Plant;
+use crate::kernel::cuda::compile::{self, Program};
+use crate::kernel::cuda::device::{self, with_gpu, GpuFailure};
+use crate::kernel::cuda::kernels::{self, launch_variant, CudaDirect, Variant};
+use crate::kernel::cuda::memory::{failure, DeviceCase};
+use crate::kernel::cuda::reference::{self as gpu_reference, ReferenceTuning};
+use crate::kernel::cuda::sys::{DeviceMemory, Timer};
+use crate::kernel::Plant;
 use crate::kernel::{Kernel, OutputBuffer};
 use crate::oracle::OracleConfig;
 use crate::reference::{self, RowSelection};
@@ -182,8 +182,8 @@ pub fn precompile(arch: &str) -> Result<usize, String> {
     one(Program::Util, vec![])?;
     one(Program::Naive, vec![])?;
     for dd in [64, 128] {
-        for tuning in OracleTuning::ALL {
-            one(Program::Oracle, tuning.defines(dd))?;
+        for tuning in ReferenceTuning::ALL {
+            one(Program::Reference, tuning.defines(dd))?;
         }
     }
     let mut cases: Vec<Case> = (0..48).map(shape_case).collect();
@@ -257,7 +257,7 @@ pub fn copy_bandwidth(bytes: u64) -> Result<f64, String> {
 }
 
 /// `mqa-fuzz gpu-selfcheck`: returns exit 0 when everything holds, 1 otherwise.
-pub fn selfcheck(cases: usize, oracle_cases: usize) -> Result<i32, Fatal> {
+pub fn selfcheck(cases: usize, reference_cases: usize) -> Result<i32, Fatal> {
     device::availability().map_err(Fatal::environment)?;
     let mut failures = 0usize;
     let info = with_gpu(|g| {
@@ -295,18 +295,14 @@ pub fn selfcheck(cases: usize, oracle_cases: usize) -> Result<i32, Fatal> {
                 }
             } else {
                 failures += 1;
-                line(format!(
-                    "  FAIL {} seed {seed}: {}",
-                    k.name(),
-                    crate::cli::verdict_line(v)
-                ));
+                line(format!("  FAIL {} seed {seed}: {}", k.name(), v));
             }
         }
         line(format!(
             "{}: {clean}/{} random cases clean ({skipped} skipped), max err/bound {worst:.3}{}, {:.1}s",
             k.name(),
             cases - skipped,
-            if variant == Variant::Tiled(None) { format!(", observed dot error up to {worst_rel:.3e} x sum|q*k| (declared {:.3e})", super::kernels::TILED_REL) } else { String::new() },
+            if variant == Variant::Tiled(None) { format!(", observed dot error up to {worst_rel:.3e} x sum|q*k| (declared {:.3e})", kernels::TILED_REL) } else { String::new() },
             start.elapsed().as_secs_f64()
         ));
     }
@@ -332,7 +328,7 @@ pub fn selfcheck(cases: usize, oracle_cases: usize) -> Result<i32, Fatal> {
         line(format!(
             "{name:32} {} {}{mem}",
             if caught { "caught:" } else { "MISSED:" },
-            crate::cli::verdict_line(v)
+            v
         ));
     }
     // The clean kernel on the same cases must be clean (the findings are the bugs').
@@ -345,61 +341,14 @@ pub fn selfcheck(cases: usize, oracle_cases: usize) -> Result<i32, Fatal> {
         if !v.is_clean() {
             failures += 1;
         }
-        line(format!(
-            "cuda:tiled on the {} case: {}",
-            p.name(),
-            crate::cli::verdict_line(&v)
-        ));
+        line(format!("cuda:tiled on the {} case: {}", p.name(), v));
     }
 
-    // 3. GPU oracle bit-identical to the CPU reference, in every tuning that fits.
-    let (mut same, mut total) = (0, 0);
-    let major = with_gpu(|gpu| Ok(gpu.major)).unwrap_or(0);
-    for seed in 0..oracle_cases as u64 {
-        let case = random_recipe(1000 + seed, true).materialize();
-        if oracle::rejects(&case).is_some() {
-            continue;
-        }
-        total += 1;
-        let mut case_ok = true;
-        'placements: for placement in [ScalePlacement::AfterReluSum, ScalePlacement::InsideRelu] {
-            let cpu = reference::compute(&case, placement, &RowSelection::All);
-            for tuning in OracleTuning::ALL
-                .into_iter()
-                .filter(|t| t.runs_on(major) && t.fits(&case.shape))
-            {
-                match oracle::compute_tuned(&case, placement, Some(tuning)) {
-                    Ok((gpu, _)) if bit_identical(&cpu, &gpu) => {}
-                    Ok(_) => {
-                        line(format!(
-                            "  FAIL GPU oracle ({}) differs from the CPU reference, seed {seed}, {}",
-                            tuning.label(),
-                            placement.name()
-                        ));
-                        case_ok = false;
-                        break 'placements;
-                    }
-                    Err(e) => {
-                        line(format!(
-                            "  FAIL GPU oracle ({}) error, seed {seed}: {e}",
-                            tuning.label()
-                        ));
-                        case_ok = false;
-                        break 'placements;
-                    }
-                }
-            }
-        }
-        if case_ok {
-            same += 1;
-        } else {
-            failures += 1;
-        }
-    }
-    line(format!("GPU oracle: bit-identical to reference::compute on {same}/{total} random cases (both scale placements, every tuning that fits)"));
+    // 3. GPU reference bit-identical to the CPU reference, in every tuning that fits.
+    failures += reference_identity(reference_cases);
 
     // 4. Production case: tiled correctness (judged against the cross-checked GPU
-    //    oracle) and time.
+    //    reference) and time.
     match production(&cfg) {
         Ok(ok) => failures += (!ok) as usize,
         Err(e) => {
@@ -420,6 +369,57 @@ pub fn selfcheck(cases: usize, oracle_cases: usize) -> Result<i32, Fatal> {
     } else {
         exit::FINDINGS
     })
+}
+
+/// The GPU reference bit-identical to the CPU reference on `cases` random cases, in every
+/// tuning that fits and runs here; returns the number of cases that were not.
+fn reference_identity(cases: usize) -> usize {
+    let mut failures = 0;
+    let (mut same, mut total) = (0, 0);
+    let major = with_gpu(|gpu| Ok(gpu.major)).unwrap_or(0);
+    for seed in 0..cases as u64 {
+        let case = random_recipe(1000 + seed, true).materialize();
+        if gpu_reference::rejects(&case).is_some() {
+            continue;
+        }
+        total += 1;
+        let mut case_ok = true;
+        'placements: for placement in [ScalePlacement::AfterReluSum, ScalePlacement::InsideRelu] {
+            let cpu = reference::compute(&case, placement, &RowSelection::All);
+            for tuning in ReferenceTuning::ALL
+                .into_iter()
+                .filter(|t| t.runs_on(major) && t.fits(&case.shape))
+            {
+                match gpu_reference::compute_tuned(&case, placement, Some(tuning)) {
+                    Ok((gpu, _)) if bit_identical(&cpu, &gpu) => {}
+                    Ok(_) => {
+                        line(format!(
+                            "  FAIL GPU reference ({}) differs from the CPU reference, seed {seed}, {}",
+                            tuning.label(),
+                            placement.name()
+                        ));
+                        case_ok = false;
+                        break 'placements;
+                    }
+                    Err(e) => {
+                        line(format!(
+                            "  FAIL GPU reference ({}) error, seed {seed}: {e}",
+                            tuning.label()
+                        ));
+                        case_ok = false;
+                        break 'placements;
+                    }
+                }
+            }
+        }
+        if case_ok {
+            same += 1;
+        } else {
+            failures += 1;
+        }
+    }
+    line(format!("GPU reference: bit-identical to reference::compute on {same}/{total} random cases (both scale placements, every tuning that fits)"));
+    failures
 }
 
 fn bit_identical(a: &reference::Reference, b: &reference::Reference) -> bool {
@@ -466,7 +466,7 @@ fn production(cfg: &OracleConfig) -> Result<bool, String> {
     Ok(r)
 }
 
-/// Kernel time, GPU oracle (every tuning, on the kernel's own device copy of the case),
+/// Kernel time, GPU reference (every tuning, on the kernel's own device copy of the case),
 /// CPU sample check and the verdict of tiled on one case.
 fn bench_one(label: &str, case: &Case, cfg: &OracleConfig) -> Result<bool, String> {
     let s = &case.shape;
@@ -477,9 +477,9 @@ fn bench_one(label: &str, case: &Case, cfg: &OracleConfig) -> Result<bool, Strin
     let bw = copy_bandwidth(4 << 30)?;
     let mut out = OutputBuffer::for_case(case);
     let placement = ScalePlacement::AfterReluSum;
-    // One upload serves the kernel and the oracle, as a campaign on the GPU would.
+    // One upload serves the kernel and the GPU reference, as a campaign on the GPU would.
     let (kt, upload, tunings, verify_wall, default_tuning) = with_gpu(|gpu| {
-        let default_tuning = OracleTuning::for_shape(&case.shape, gpu.major);
+        let default_tuning = ReferenceTuning::for_shape(&case.shape, gpu.major);
         let t = Instant::now();
         let mut dc = DeviceCase::upload(gpu, case, &out)?;
         let upload = t.elapsed();
@@ -495,15 +495,15 @@ fn bench_one(label: &str, case: &Case, cfg: &OracleConfig) -> Result<bool, Strin
         let kt = Duration::from_secs_f64(times[times.len() / 2] / 1e3);
         // Wall of one verification on the shared copy: launch, wait, download, rows.
         let t = Instant::now();
-        oracle::compute_on(gpu, &dc, case, placement, default_tuning, 1)?;
+        gpu_reference::compute_on(gpu, &dc, case, placement, default_tuning, 1)?;
         let verify_wall = t.elapsed();
         let mut tunings = Vec::new();
         let major = gpu.major;
-        for tuning in OracleTuning::ALL
+        for tuning in ReferenceTuning::ALL
             .into_iter()
             .filter(|t| t.runs_on(major) && t.fits(&case.shape))
         {
-            let (r, t) = oracle::compute_on(gpu, &dc, case, placement, tuning, 5)?;
+            let (r, t) = gpu_reference::compute_on(gpu, &dc, case, placement, tuning, 5)?;
             tunings.push((tuning, r, t));
         }
         Ok((kt, upload, tunings, verify_wall, default_tuning))
@@ -529,10 +529,10 @@ fn bench_one(label: &str, case: &Case, cfg: &OracleConfig) -> Result<bool, Strin
     let (_, gref, _) = tunings
         .iter()
         .find(|(t, _, _)| *t == default_tuning)
-        .ok_or("the default oracle tuning does not fit this case")?;
+        .ok_or("the default reference tuning does not fit this case")?;
     for (tuning, r, t) in &tunings {
         line(format!(
-            "  GPU oracle kernel, {:<26} {:.3} ms (median of 5, {:.1}x the kernel){}{}",
+            "  GPU reference kernel, {:<26} {:.3} ms (median of 5, {:.1}x the kernel){}{}",
             tuning.label(),
             t.as_secs_f64() * 1e3,
             t.as_secs_f64() / ks,
@@ -555,10 +555,10 @@ fn bench_one(label: &str, case: &Case, cfg: &OracleConfig) -> Result<bool, Strin
         .unwrap_or_default();
     let all_same = tunings.iter().all(|(_, r, _)| bit_identical(r, gref));
     let t1 = Instant::now();
-    let checked = oracle::cross_check(case, gref, 4, 7)?;
+    let checked = gpu_reference::cross_check(case, gref, 4, 7)?;
     let cwall = t1.elapsed();
     line(format!(
-        "  GPU oracle {:.3} ms kernel, {:.1} ms wall on the kernel's device copy (launch+download); CPU cross-check {checked} elements in {:.1} ms; verified {:.2e} logits/s",
+        "  GPU reference {:.3} ms kernel, {:.1} ms wall on the kernel's device copy (launch+download); CPU cross-check {checked} elements in {:.1} ms; verified {:.2e} logits/s",
         okt.as_secs_f64() * 1e3,
         verify_wall.as_secs_f64() * 1e3,
         cwall.as_secs_f64() * 1e3,
@@ -572,14 +572,14 @@ fn bench_one(label: &str, case: &Case, cfg: &OracleConfig) -> Result<bool, Strin
     };
     let v = crate::oracle::judge(case, gref, k.capabilities(), Ok((&info, &out)), cfg);
     line(format!(
-        "  cuda:tiled verdict against the GPU oracle: {}",
-        crate::cli::verdict_line(&v)
+        "  cuda:tiled verdict against the GPU reference: {}",
+        v
     ));
     Ok(v.is_clean() && all_same)
 }
 
-/// `mqa-fuzz bench oracle`.
-pub fn bench_oracle() -> Result<i32, Fatal> {
+/// `mqa-fuzz bench gpu`.
+pub fn bench_gpu() -> Result<i32, Fatal> {
     device::availability().map_err(Fatal::environment)?;
     let cfg = OracleConfig::default();
     let cases = [

@@ -1,8 +1,27 @@
-//! Which shard this process is, from the scheduler's environment, so that one job
-//! definition serves every shard of a Slurm array or a Kubernetes indexed Job.
+//! A campaign's partition: [`Shard`] `I/N` splits the seeds and corpus files so that
+//! shards never overlap, and which shard this process is, from the scheduler's
+//! environment, so that one job definition serves every shard of a Slurm array or a
+//! Kubernetes indexed Job. A foundation module: the campaign partitions by it and the
+//! report records it (`report.json`'s `shard`, a merged report's `merged_shards`).
 
-use super::model::Shard;
 use crate::error::Fatal;
+use serde::{Deserialize, Serialize};
+
+/// Shard `index` of `count` (0-based): the seeds a campaign runs are partitioned so that
+/// shards never overlap.
+#[derive(
+    Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord, Hash,
+)]
+pub struct Shard {
+    pub index: u32,
+    pub count: u32,
+}
+
+impl std::fmt::Display for Shard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.index, self.count)
+    }
+}
 
 impl std::str::FromStr for Shard {
     type Err = String;

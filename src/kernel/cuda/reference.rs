@@ -1,4 +1,4 @@
-//! The exact reference computed on the GPU (kernels/oracle.cu), for cases too large for
+//! The exact reference computed on the GPU (kernels/reference.cu), for cases too large for
 //! the CPU reference at campaign speed, and the CPU re-check that keeps it honest.
 //!
 //! The GPU result is never trusted alone: [`cross_check`] recomputes on the CPU, with
@@ -17,29 +17,32 @@ use rand::RngExt;
 use rayon::prelude::*;
 use std::time::Duration;
 
-/// Why the GPU oracle cannot take a case (the caller falls back to the CPU).
+/// Why the GPU reference cannot take a case (the caller falls back to the CPU).
 pub fn rejects(case: &Case) -> Option<String> {
     rejects_shape(&case.shape)
 }
 
 fn rejects_shape(s: &Shape) -> Option<String> {
     if !s.heads.is_multiple_of(8) {
-        return Some(format!("GPU oracle needs heads % 8 == 0, got {}", s.heads));
+        return Some(format!(
+            "GPU reference needs heads % 8 == 0, got {}",
+            s.heads
+        ));
     }
     if !s.head_dim.is_multiple_of(16) || s.head_dim > 128 {
         return Some(format!(
-            "GPU oracle supports head_dim multiple of 16 up to 128, got {}",
+            "GPU reference supports head_dim multiple of 16 up to 128, got {}",
             s.head_dim
         ));
     }
     None
 }
 
-/// How `kernels/oracle.cu` is compiled for a shape. No choice changes a bit of the
+/// How `kernels/reference.cu` is compiled for a shape. No choice changes a bit of the
 /// result (the dots are exact, the head sum keeps its order); they trade shared memory
-/// and registers for speed, so `bench oracle` times each one that fits.
+/// and registers for speed, so `bench gpu` times each one that fits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct OracleTuning {
+pub struct ReferenceTuning {
     /// Queries kept as f64 in shared memory (no conversion in the inner loop).
     pub f64_queries: bool,
     /// m-tiles of 8 heads swept per pass (1 or 2).
@@ -72,53 +75,53 @@ pub struct OracleTuning {
     pub padded_stage: bool,
 }
 
-impl OracleTuning {
+impl ReferenceTuning {
     /// f32 queries, one head tile, three CTAs per SM: takes every shape.
-    pub const PLAIN: OracleTuning = OracleTuning::new(false, 1, 3, false, false);
+    pub const PLAIN: ReferenceTuning = ReferenceTuning::new(false, 1, 3, false, false);
     /// [`Self::PLAIN`] with float4 query loads (D 64/128).
-    pub const VECTOR: OracleTuning = OracleTuning::new(false, 1, 3, false, true);
+    pub const VECTOR: ReferenceTuning = ReferenceTuning::new(false, 1, 3, false, true);
 
     /// The default on sm_90 and newer: m16n8k16, queries and keys as high words,
     /// padded stage, 32 tokens per warp, two CTAs per SM.
-    pub const WIDE: OracleTuning = OracleTuning::wide(2)
+    pub const WIDE: ReferenceTuning = ReferenceTuning::wide(2)
         .hi_words()
         .hi_keys()
         .padded()
         .token_tiles(4);
     /// The default before sm_90 (m8n8k4 only): high words, padded stage, float4 loads.
-    pub const NARROW: OracleTuning = OracleTuning::VECTOR.hi_words().hi_keys().padded();
+    pub const NARROW: ReferenceTuning = ReferenceTuning::VECTOR.hi_words().hi_keys().padded();
 
     /// Fastest first, as measured on the H200 (BENCHMARKS.md, "Session 3"):
     /// [`Self::WIDE`] takes the production case from 3.22 ms ([`Self::VECTOR`], the old
     /// default) to 1.65 ms and the two small cases from 0.098/0.129 ms to 0.044/0.074 ms;
     /// [`Self::NARROW`] (2.51 ms) is the best without m16n8k16; the plain kernel takes
     /// every other shape.
-    pub const PREFERRED: [OracleTuning; 4] = [
-        OracleTuning::WIDE,
-        OracleTuning::NARROW,
-        OracleTuning::VECTOR,
-        OracleTuning::PLAIN,
+    pub const PREFERRED: [ReferenceTuning; 4] = [
+        ReferenceTuning::WIDE,
+        ReferenceTuning::NARROW,
+        ReferenceTuning::VECTOR,
+        ReferenceTuning::PLAIN,
     ];
 
-    /// Every tuning `bench oracle` times and `gpu-selfcheck` proves bit-identical to the
+    /// Every tuning `bench gpu` times and `gpu-selfcheck` proves bit-identical to the
     /// CPU: the defaults, and the variants that show what each define is worth (every
-    /// code path of `oracle.cu` is in at least one). Earlier measured variants are in
+    /// code path of `reference.cu` is in at least one). Earlier measured variants are in
     /// BENCHMARKS.md.
-    pub const ALL: [OracleTuning; 14] = [
-        OracleTuning::PLAIN,
-        OracleTuning::new(true, 1, 3, false, false),
-        OracleTuning::new(false, 2, 3, false, false),
-        OracleTuning::new(false, 1, 3, true, false),
-        OracleTuning::VECTOR,
-        OracleTuning::NARROW,
-        OracleTuning::wide(3),
-        OracleTuning::wide(4).hi_words().hi_keys(),
-        OracleTuning::wide(4).hi_words().hi_keys().padded(),
-        OracleTuning::wide(3).hi_words().hi_keys().padded(),
-        OracleTuning::wide(2).hi_words().hi_keys().padded(),
-        OracleTuning::WIDE,
-        OracleTuning::WIDE.pipelined(),
-        OracleTuning::WIDE.chunks(4),
+    pub const ALL: [ReferenceTuning; 14] = [
+        ReferenceTuning::PLAIN,
+        ReferenceTuning::new(true, 1, 3, false, false),
+        ReferenceTuning::new(false, 2, 3, false, false),
+        ReferenceTuning::new(false, 1, 3, true, false),
+        ReferenceTuning::VECTOR,
+        ReferenceTuning::NARROW,
+        ReferenceTuning::wide(3),
+        ReferenceTuning::wide(4).hi_words().hi_keys(),
+        ReferenceTuning::wide(4).hi_words().hi_keys().padded(),
+        ReferenceTuning::wide(3).hi_words().hi_keys().padded(),
+        ReferenceTuning::wide(2).hi_words().hi_keys().padded(),
+        ReferenceTuning::WIDE,
+        ReferenceTuning::WIDE.pipelined(),
+        ReferenceTuning::WIDE.chunks(4),
     ];
 
     const fn new(
@@ -128,7 +131,7 @@ impl OracleTuning {
         pipelined: bool,
         vector_loads: bool,
     ) -> Self {
-        OracleTuning {
+        ReferenceTuning {
             f64_queries,
             head_tiles,
             ctas_per_sm,
@@ -145,49 +148,49 @@ impl OracleTuning {
 
     /// m16n8k16 with two head tiles and vector loads, `ctas_per_sm` CTAs per SM.
     const fn wide(ctas_per_sm: usize) -> Self {
-        OracleTuning {
+        ReferenceTuning {
             wide_mma: true,
-            ..OracleTuning::new(false, 2, ctas_per_sm, false, true)
+            ..ReferenceTuning::new(false, 2, ctas_per_sm, false, true)
         }
     }
 
     const fn hi_words(self) -> Self {
-        OracleTuning {
+        ReferenceTuning {
             hi_word_queries: true,
             ..self
         }
     }
 
     const fn hi_keys(self) -> Self {
-        OracleTuning {
+        ReferenceTuning {
             hi_word_keys: true,
             ..self
         }
     }
 
     const fn padded(self) -> Self {
-        OracleTuning {
+        ReferenceTuning {
             padded_stage: true,
             ..self
         }
     }
 
     const fn token_tiles(self, token_tiles: usize) -> Self {
-        OracleTuning {
+        ReferenceTuning {
             token_tiles,
             ..self
         }
     }
 
     const fn pipelined(self) -> Self {
-        OracleTuning {
+        ReferenceTuning {
             pipelined: true,
             ..self
         }
     }
 
     const fn chunks(self, chunks_per_cta: usize) -> Self {
-        OracleTuning {
+        ReferenceTuning {
             chunks_per_cta,
             ..self
         }
@@ -213,7 +216,7 @@ impl OracleTuning {
     /// of [`Self::PREFERRED`] that runs there and fits. Measured on the H200
     /// (BENCHMARKS.md, sessions 2 and 3); [`Self::PLAIN`] takes every shape
     /// [`rejects`] lets through.
-    pub fn for_shape(shape: &Shape, major: u32) -> OracleTuning {
+    pub fn for_shape(shape: &Shape, major: u32) -> ReferenceTuning {
         debug_assert!(rejects_shape(shape).is_some() || Self::PLAIN.fits(shape));
         Self::PREFERRED
             .into_iter()
@@ -321,7 +324,7 @@ fn message(e: GpuFailure) -> String {
     }
 }
 
-/// The reference of every row, computed on the GPU, and the oracle kernel's time.
+/// The reference of every row, computed on the GPU, and the reference kernel's time.
 pub fn compute_timed(
     case: &Case,
     placement: ScalePlacement,
@@ -334,14 +337,14 @@ pub fn compute_timed(
 pub fn compute_tuned(
     case: &Case,
     placement: ScalePlacement,
-    tuning: Option<OracleTuning>,
+    tuning: Option<ReferenceTuning>,
 ) -> Result<(Reference, Duration), String> {
     if let Some(why) = rejects(case) {
         return Err(why);
     }
     let dummy = OutputBuffer::new(1, 1, 1);
     with_gpu(|gpu| {
-        let tuning = tuning.unwrap_or_else(|| OracleTuning::for_shape(&case.shape, gpu.major));
+        let tuning = tuning.unwrap_or_else(|| ReferenceTuning::for_shape(&case.shape, gpu.major));
         let dc = DeviceCase::upload(gpu, case, &dummy)?;
         compute_on(gpu, &dc, case, placement, tuning, 1)
     })
@@ -356,7 +359,7 @@ pub fn compute_on(
     dc: &DeviceCase,
     case: &Case,
     placement: ScalePlacement,
-    tuning: OracleTuning,
+    tuning: ReferenceTuning,
     reps: usize,
 ) -> Result<(Reference, Duration), GpuFailure> {
     if let Some(why) = rejects(case) {
@@ -365,13 +368,13 @@ pub fn compute_on(
     let s = &case.shape;
     if !tuning.runs_on(gpu.major) {
         return Err(GpuFailure::Environment(format!(
-            "GPU oracle tuning ({}) needs compute capability 9.0 or newer",
+            "GPU reference tuning ({}) needs compute capability 9.0 or newer",
             tuning.label()
         )));
     }
     if !tuning.fits(s) {
         return Err(GpuFailure::Environment(format!(
-            "GPU oracle tuning ({}) does not fit H={} D={}",
+            "GPU reference tuning ({}) does not fit H={} D={}",
             tuning.label(),
             s.heads,
             s.head_dim
@@ -380,7 +383,11 @@ pub fn compute_on(
     let row_off = row_offsets(case);
     let total = *row_off.last().unwrap_or(&0);
     let f = gpu
-        .function(Program::Oracle, "oracle_f64", &tuning.defines(s.head_dim))
+        .function(
+            Program::Reference,
+            "reference_f64",
+            &tuning.defines(s.head_dim),
+        )
         .map_err(GpuFailure::Environment)?;
     // Query rows at a time: as many as fit the CTA's share of shared memory, at least one.
     let row_bytes = tuning.row_bytes(s);
@@ -389,7 +396,7 @@ pub fn compute_on(
     let smem = (fixed + nr * row_bytes) as u32;
     if smem > gpu.max_smem_optin {
         return Err(GpuFailure::OutOfMemory(format!(
-            "GPU oracle needs {smem} bytes of shared memory"
+            "GPU reference needs {smem} bytes of shared memory"
         )));
     }
     f.set_max_dynamic_smem(smem).map_err(failure)?;
@@ -527,7 +534,7 @@ pub fn cross_check(
                 let same = |a: f64, b: f64| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
                 if !same(v, row.value[t]) || !same(m, row.relu_mag[t]) {
                     return Err(format!(
-                        "GPU oracle differs from the CPU at row {r} position {t}: value {:e} vs {:e}, magnitude {:e} vs {:e}",
+                        "GPU reference differs from the CPU at row {r} position {t}: value {:e} vs {:e}, magnitude {:e} vs {:e}",
                         row.value[t], v, row.relu_mag[t], m
                     ));
                 }
@@ -560,24 +567,24 @@ mod tests {
         }
     }
 
-    /// The measured order holds where it should and every shape the oracle takes gets
+    /// The measured order holds where it should and every shape the GPU reference takes gets
     /// a tuning that fits and runs on the device.
     #[test]
     fn default_tuning_fits_and_runs() {
-        let (wide, narrow) = (OracleTuning::WIDE, OracleTuning::NARROW);
-        assert_eq!(OracleTuning::for_shape(&shape(64, 128, 2), 9), wide);
-        assert_eq!(OracleTuning::for_shape(&shape(64, 128, 2), 8), narrow);
-        assert_eq!(OracleTuning::for_shape(&shape(128, 128, 4), 9), wide);
+        let (wide, narrow) = (ReferenceTuning::WIDE, ReferenceTuning::NARROW);
+        assert_eq!(ReferenceTuning::for_shape(&shape(64, 128, 2), 9), wide);
+        assert_eq!(ReferenceTuning::for_shape(&shape(64, 128, 2), 8), narrow);
+        assert_eq!(ReferenceTuning::for_shape(&shape(128, 128, 4), 9), wide);
         // A row of 128 heads of queries takes more than a third of the SM.
         assert_eq!(
-            OracleTuning::for_shape(&shape(128, 128, 4), 8),
-            OracleTuning::PLAIN
+            ReferenceTuning::for_shape(&shape(128, 128, 4), 8),
+            ReferenceTuning::PLAIN
         );
         // 8 heads: no 16-head tile; D 96: no 128-bit query loads.
-        assert_eq!(OracleTuning::for_shape(&shape(8, 128, 1), 9), narrow);
+        assert_eq!(ReferenceTuning::for_shape(&shape(8, 128, 1), 9), narrow);
         assert_eq!(
-            OracleTuning::for_shape(&shape(64, 96, 1), 9),
-            OracleTuning::PLAIN
+            ReferenceTuning::for_shape(&shape(64, 96, 1), 9),
+            ReferenceTuning::PLAIN
         );
         for heads in [8, 16, 24, 32, 64, 128] {
             for head_dim in [16, 32, 64, 96, 128] {
@@ -585,7 +592,7 @@ mod tests {
                     let s = shape(heads, head_dim, next_n);
                     assert!(rejects_shape(&s).is_none());
                     for major in [8, 9, 10] {
-                        let t = OracleTuning::for_shape(&s, major);
+                        let t = ReferenceTuning::for_shape(&s, major);
                         assert!(t.fits(&s) && t.runs_on(major), "{s:?} on {major}: {t:?}");
                     }
                 }
@@ -596,10 +603,10 @@ mod tests {
     #[test]
     fn tunings_are_distinct_and_labelled() {
         let labels: std::collections::BTreeSet<String> =
-            OracleTuning::ALL.iter().map(|t| t.label()).collect();
-        assert_eq!(labels.len(), OracleTuning::ALL.len());
-        for t in OracleTuning::PREFERRED {
-            assert!(OracleTuning::ALL.contains(&t), "{}", t.label());
+            ReferenceTuning::ALL.iter().map(|t| t.label()).collect();
+        assert_eq!(labels.len(), ReferenceTuning::ALL.len());
+        for t in ReferenceTuning::PREFERRED {
+            assert!(ReferenceTuning::ALL.contains(&t), "{}", t.label());
         }
     }
 
@@ -612,14 +619,14 @@ mod tests {
             eprintln!("SKIP preferred_tunings_compile_where_they_run: libnvrtc not found");
             return;
         }
-        for t in OracleTuning::PREFERRED {
+        for t in ReferenceTuning::PREFERRED {
             for dd in [64, 128] {
-                cubin(Program::Oracle, "sm_90a", &t.defines(dd))
+                cubin(Program::Reference, "sm_90a", &t.defines(dd))
                     .unwrap_or_else(|e| panic!("{}: {e}", t.label()));
             }
             assert_eq!(t.runs_on(8), !t.wide_mma);
             if t.wide_mma {
-                assert!(cubin(Program::Oracle, "sm_89", &t.defines(128)).is_err());
+                assert!(cubin(Program::Reference, "sm_89", &t.defines(128)).is_err());
             }
         }
     }

@@ -1,4 +1,4 @@
-// The exact GPU oracle: the f64 reference of `reference::compute`, bit for bit.
+// The exact GPU reference: the f64 reference of `reference::compute`, bit for bit.
 //
 // Every fp8 value is an integer times 2^-9 (fn) or 2^-10 (fnuz) below 2^18 in
 // magnitude, so each product is an integer times 2^-18/2^-20 below 2^36 and every
@@ -17,8 +17,8 @@
 // t*D/4 .. t*D/4 + D/4 - 1 (k-step s -> dim t*D/4 + s); the queries are stored
 // permuted (s*4 + t, rows padded to D+4) so the loads are conflict-free.
 //
-// Tuning defines, chosen per shape and device by the host (src/kernel/cuda/oracle.rs;
-// `bench oracle` times them, BENCHMARKS.md has the numbers). None changes a bit of the
+// Tuning defines, chosen per shape and device by the host (src/kernel/cuda/reference.rs;
+// `bench gpu` times them, BENCHMARKS.md has the numbers). None changes a bit of the
 // result: the dots are exact and the head sum keeps the order 0..H-1.
 //   DW=1    the m16n8k16 f64 MMA of sm_90 (16 heads x 8 tokens x 16 dims per
 //           instruction) instead of m8n8k4 (8 x 8 x 4): Hopper runs m8n8k4 at about
@@ -149,7 +149,7 @@ __device__ __forceinline__ void dmma16(double* lo, double* hi, const double* a, 
 // value/mag: compact rows (row r starts at row_off[r]); inside: 1 for InsideRelu;
 // nr: next_n rows whose queries fit shared memory at once. Heads must be a multiple
 // of 8 * MTG.
-extern "C" __global__ void __launch_bounds__(OWARPS * 32, OMINB) oracle_f64(const Params p, const u64* row_off, double* value, double* mag, int inside, int nr) {
+extern "C" __global__ void __launch_bounds__(OWARPS * 32, OMINB) reference_f64(const Params p, const u64* row_off, double* value, double* mag, int inside, int nr) {
     extern __shared__ __align__(16) double osm[];
     const int H = p.heads;
     double* tab = osm;                             // 256

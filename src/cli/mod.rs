@@ -1,0 +1,418 @@
+//! Command line (clap derive). Each subcommand parses here and runs in its module
+//! (`run` in [`run`], `replay` in [`replay`], the reports' commands in `report::cli`, the
+//! benchmarks and GPU checks in `bench`); errors come back as [`Fatal`] and are rendered
+//! once in `main`.
+
+mod replay;
+mod run;
+
+use crate::error::{exit, Fatal};
+use crate::generate::Profile;
+use crate::kernel;
+use crate::shard::Shard;
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "mqa-fuzz",
+    version,
+    about = "Differential fuzzer for FP8 paged MQA logits kernels (DeepGEMM, AITER, your own)",
+    long_about = "Generates cases of the DeepSeek V3.2/V4 indexer's fp8_paged_mqa_logits operation, runs a kernel \
+on them, compares with an exact reference element by element, and says where and why the output diverges.\n\n\
+Exit codes: 0 clean, 1 findings, 2 bad usage or input, 3 environment (e.g. GPU required but absent)."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run a fuzz campaign: replay the corpus, generate cases, shrink and save findings, write a report.
+    Run(RunArgs),
+    /// Measure detection power: fuzz every planted-bug kernel from several seeds, and clean kernels for false positives.
+    Selftest {
+        /// Which planted bugs to fuzz.
+        #[arg(long, value_enum, default_value_t = crate::selftest::Backend::Cpu)]
+        backend: crate::selftest::Backend,
+        /// Budget of each campaign.
+        #[arg(long, value_parser = parse_duration, default_value = "60s", allow_hyphen_values = true)]
+        budget: Duration,
+        /// Seeds per planted bug.
+        #[arg(long, default_value_t = 5)]
+        seeds: u64,
+        /// Only kernels whose name contains one of these (repeatable).
+        #[arg(long)]
+        only: Vec<String>,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List kernels and whether this machine can run them.
+    Kernels {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Replay saved cases (corpus files) on a kernel and judge them.
+    Replay {
+        /// Corpus JSON files.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// Kernel to run (repeatable: with two or more, their outputs are also compared, as a
+        /// campaign does). Default: the kernel(s) recorded in each file (exit 3 when one is
+        /// not available here); files without a recorded kernel (hand-made) use the default kernel.
+        #[arg(long = "kernel", short = 'k')]
+        kernels: Vec<String>,
+        /// k of the downstream top-k check.
+        #[arg(long, default_value_t = 2048)]
+        topk: usize,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Benchmarks.
+    #[command(subcommand)]
+    Bench(Bench),
+    /// Checks the CUDA kernels, planted bugs and the exact GPU reference on this machine's GPU.
+    #[command(hide = true)]
+    GpuSelfcheck {
+        /// Random cases per kernel.
+        #[arg(long, default_value_t = 60)]
+        cases: usize,
+        /// Random cases for the GPU reference's bit-identity check (`--oracle-cases`: the
+        /// old name, kept for scripts).
+        #[arg(long, default_value_t = 60, alias = "oracle-cases")]
+        reference_cases: usize,
+    },
+    /// Compiles every CUDA kernel variant into the disk cache (NVRTC only, no GPU needed).
+    #[command(hide = true)]
+    GpuPrecompile {
+        /// NVRTC architecture.
+        #[arg(long, default_value = "sm_90a")]
+        arch: String,
+    },
+    /// Serve a built-in kernel over the worker protocol on stdin/stdout (used by
+    /// `exec:` pools to isolate kernels in child processes).
+    #[command(hide = true)]
+    Worker {
+        /// Kernel to serve (any name `mqa-fuzz kernels` lists).
+        #[arg(long)]
+        kernel: String,
+        /// Misbehave on purpose (tests): crash-at=N, hang-at=N, garbage-at=N, wrong-id-at=N, fault-exit-at=N, skew.
+        #[arg(long)]
+        fault: Option<String>,
+    },
+    /// Re-render a report directory (junit.xml, summary.md, index.html, pictures) from its report.json.
+    Report {
+        /// Report directory (or its report.json).
+        dir: PathBuf,
+    },
+    /// Fold shard reports into one (counts add, findings deduplicate by signature).
+    Merge {
+        /// Shard report directories (or their report.json files).
+        #[arg(required = true)]
+        dirs: Vec<PathBuf>,
+        /// Directory to write the merged report into.
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Compare two reports by finding signature: new, fixed and unchanged bugs. Exit 1
+    /// on a new signature, even of a class the base already had. A base finding the
+    /// candidate lacks is "fixed" only when its saved case no longer fails on replay;
+    /// one that still fails is listed as STILL-FAILS (the candidate did not meet it).
+    Diff {
+        /// The baseline report directory (or report.json).
+        base: PathBuf,
+        /// The candidate report directory (or report.json).
+        cand: PathBuf,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+        /// Do not replay the base's missing findings (they are listed UNCONFIRMED).
+        #[arg(long)]
+        no_replay: bool,
+    },
+}
+#[derive(Subcommand, Debug)]
+pub enum Bench {
+    /// Time the exact CPU reference on three production-like cases, 1 thread vs all,
+    /// against the measured f64 FMA peak and numpy's BLAS (when numpy is installed).
+    Reference {
+        /// Threads of the "all threads" column (default: all cores).
+        #[arg(long)]
+        threads: Option<usize>,
+        /// Minimum seconds of repeats per timing.
+        #[arg(long, default_value_t = 1.0)]
+        min_seconds: f64,
+        /// Skip the numpy column.
+        #[arg(long)]
+        no_numpy: bool,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// GPU: kernel time, exact GPU reference time, CPU cross-check time and verified
+    /// logits/s (`bench oracle`: the old name, kept for scripts).
+    #[command(alias = "oracle")]
+    Gpu,
+}
+
+/// Runs the parsed command; returns the exit code.
+pub fn dispatch(cli: Cli) -> Result<i32, Fatal> {
+    match cli.command {
+        Command::Run(args) => run::cmd_run(args),
+        Command::Selftest {
+            backend,
+            budget,
+            seeds,
+            only,
+            json,
+        } => {
+            if seeds == 0 {
+                return Err(Fatal::usage(
+                    "nothing was judged: --seeds 0 runs no campaign (give at least 1 seed per planted bug)",
+                ));
+            }
+            crate::interrupt::install();
+            crate::selftest::run(&crate::selftest::Options {
+                backend,
+                budget,
+                seeds,
+                json,
+                only,
+                workdir: None,
+            })
+        }
+        Command::Kernels { json } => cmd_kernels(json),
+        Command::Replay {
+            files,
+            kernels,
+            topk,
+            json,
+        } => replay::cmd_replay(&files, &kernels, topk, json),
+        Command::Bench(Bench::Gpu) => crate::bench::gpu::bench_gpu(),
+        Command::GpuSelfcheck {
+            cases,
+            reference_cases,
+        } => crate::bench::gpu::selfcheck(cases, reference_cases),
+        Command::GpuPrecompile { arch } => {
+            let n = crate::bench::gpu::precompile(&arch).map_err(Fatal::environment)?;
+            crate::outln!(
+                "compiled {n} kernel variants for {arch} into {:?}",
+                kernel::cuda::compile::cache_dir()
+            );
+            Ok(exit::CLEAN)
+        }
+        Command::Worker { kernel, fault } => cmd_worker(&kernel, fault.as_deref()),
+        Command::Report { dir } => crate::report::cli::cmd_report(&dir),
+        Command::Merge { dirs, out } => crate::report::cli::cmd_merge(&dirs, &out),
+        Command::Diff {
+            base,
+            cand,
+            json,
+            no_replay,
+        } => {
+            let oracle = crate::oracle::OracleConfig::default();
+            let mut replay =
+                |f: &crate::report::Finding| crate::campaign::corpus::reproduces(f, &oracle);
+            crate::report::cli::cmd_diff(
+                &base,
+                &cand,
+                json,
+                (!no_replay).then_some(&mut replay as _),
+            )
+        }
+        Command::Bench(Bench::Reference {
+            threads,
+            min_seconds,
+            no_numpy,
+            json,
+        }) => crate::bench::run_reference_bench(&crate::bench::ReferenceBenchOptions {
+            threads,
+            json,
+            min_seconds,
+            no_numpy,
+        }),
+    }
+}
+
+fn cmd_worker(name: &str, fault: Option<&str>) -> Result<i32, Fatal> {
+    let fault = fault
+        .map(kernel::exec::server::Fault::parse)
+        .transpose()
+        .map_err(Fatal::usage)?;
+    kernel::exec::server::serve(name, kernel::open(name), fault)
+}
+
+fn cmd_kernels(json: bool) -> Result<i32, Fatal> {
+    let entries = kernel::registry();
+    if json {
+        let v: Vec<_> = entries
+            .iter()
+            .map(|e| {
+                serde_json::json!({
+                    "name": e.name,
+                    "description": e.description,
+                    "available": e.available.is_ok(),
+                    "unavailable_reason": e.available.as_ref().err(),
+                    "planted_bug": e.planted_bug,
+                })
+            })
+            .collect();
+        crate::outln!("{}", serde_json::to_string_pretty(&v).unwrap());
+        return Ok(exit::CLEAN);
+    }
+    let width = entries.iter().map(|e| e.name.len()).max().unwrap_or(10);
+    for e in &entries {
+        let status = match &e.available {
+            Ok(()) => "available".to_string(),
+            Err(why) => format!("unavailable: {why}"),
+        };
+        crate::outln!(
+            "{:width$}  {:<11}  {}",
+            e.name,
+            if e.planted_bug { "planted bug" } else { "" },
+            status
+        );
+        crate::outln!("{:width$}  {:<11}  {}", "", "", e.description);
+    }
+    Ok(exit::CLEAN)
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct RunArgs {
+    /// Kernel to fuzz (repeatable; with two or more, they are also compared to each other).
+    /// Default: the best built-in kernel this machine can run.
+    #[arg(long = "kernel", short = 'k')]
+    pub kernels: Vec<String>,
+    /// What to generate.
+    #[arg(long, value_enum, default_value_t = Profile::All)]
+    pub profile: Profile,
+    /// Time budget, e.g. 90s, 10m, 1h (default 60s unless --cases is given).
+    #[arg(long, value_parser = parse_duration, allow_hyphen_values = true)]
+    pub budget: Option<Duration>,
+    /// Number of generated cases (stops at whichever of budget and cases comes first).
+    #[arg(long)]
+    pub cases: Option<u64>,
+    /// Campaign seed (default: random, printed). The same seed gives the same cases.
+    #[arg(long, value_parser = parse_seed)]
+    pub seed: Option<u64>,
+    /// Cases run at once (default: what the kernels prefer: 1 on the CPU, one per GPU).
+    #[arg(long)]
+    pub jobs: Option<usize>,
+    /// Corpus directory: replayed first; new findings are saved here. Default: corpus/,
+    /// except when a kernel is a planted bug (cpu:bug-*, cuda:bug-*): then <report>/corpus,
+    /// so that planted-bug findings stay out of the tracked corpus and the checkout.
+    #[arg(long)]
+    pub corpus: Option<PathBuf>,
+    /// Report directory (default: reports/<UTC timestamp>).
+    #[arg(long)]
+    pub report: Option<PathBuf>,
+    /// Run shard I of N (seeds and corpus files are partitioned); default from SLURM_ARRAY_TASK_ID/COUNT or JOB_COMPLETION_INDEX/JOB_COMPLETIONS.
+    #[arg(long, value_parser = parse_shard)]
+    pub shard: Option<Shard>,
+    /// Save findings as generated, without shrinking them.
+    #[arg(long)]
+    pub no_shrink: bool,
+    /// Do not replay the corpus first.
+    #[arg(long)]
+    pub no_replay: bool,
+    /// Longest time spent shrinking one finding.
+    #[arg(long, value_parser = parse_duration, default_value = "30s", allow_hyphen_values = true)]
+    pub shrink_budget: Duration,
+    /// k of the downstream top-k check (V3.2: 2048, V4-Pro: 1024, V4-Flash: 512).
+    #[arg(long, default_value_t = 2048)]
+    pub topk: usize,
+    /// GPUs for cuda: kernels: all, or a list like 0,1 (one worker per GPU).
+    #[arg(long)]
+    pub gpus: Option<String>,
+    /// How much of each generated case the reference checks: full, sample:<fraction> (rows,
+    /// plus every boundary position) or boundaries (block, chunk and context edges only).
+    /// Default: full, except production cases of CPU kernels (sample:0.05).
+    #[arg(long, value_parser = |s: &str| s.parse::<crate::reference::verify::VerifyMode>())]
+    pub verify: Option<crate::reference::verify::VerifyMode>,
+    /// Production profile: multiply the engine's context lengths by this (0 < F <= 1;
+    /// requests at max_model_len stay there). Pools, strides, block ids, batch sizes and
+    /// workspaces keep an engine's size. Default: 1 for kernels on an accelerator,
+    /// 1/64 for CPU kernels.
+    #[arg(long, value_parser = parse_scale, allow_hyphen_values = true)]
+    pub scale: Option<f64>,
+    /// Stop generating after this many distinct findings (e.g. 1 for a quick gate).
+    #[arg(long)]
+    pub max_findings: Option<usize>,
+    /// No progress output.
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
+}
+
+/// Parses `90`, `90s`, `10m`, `1h`, `500ms`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, unit) = match s.find(|c: char| !c.is_ascii_digit() && c != '.') {
+        Some(i) => (&s[..i], &s[i..]),
+        None => (s, "s"),
+    };
+    if s.starts_with('-') {
+        return Err(format!(
+            "{s:?} is negative: a duration is at least 0, like 90s, 10m or 1h"
+        ));
+    }
+    let x: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration like 90s, 10m or 1h"))?;
+    let secs = match unit {
+        "ms" => x / 1000.0,
+        "s" | "sec" => x,
+        "m" | "min" => x * 60.0,
+        "h" => x * 3600.0,
+        _ => {
+            return Err(format!(
+                "unknown unit {unit:?} in {s:?} (use ms, s, m or h)"
+            ))
+        }
+    };
+    if !secs.is_finite() || !(0.0..=1e9).contains(&secs) {
+        return Err(format!("{s:?} is out of range"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// Parses `--scale`: a number in (0, 1] or a fraction `1/N`.
+pub fn parse_scale(s: &str) -> Result<f64, String> {
+    let x = match s.split_once('/') {
+        Some((a, b)) => match (a.trim().parse::<f64>(), b.trim().parse::<f64>()) {
+            (Ok(a), Ok(b)) if b != 0.0 => Ok(a / b),
+            _ => Err(()),
+        },
+        None => s.trim().parse::<f64>().map_err(|_| ()),
+    };
+    match x {
+        Ok(x) if x > 0.0 && x <= 1.0 => Ok(x),
+        _ => Err(format!(
+            "{s:?} is not a scale: a number in (0, 1] or a fraction like 1/64"
+        )),
+    }
+}
+
+fn parse_seed(s: &str) -> Result<u64, String> {
+    let r = match s.strip_prefix("0x") {
+        Some(h) => u64::from_str_radix(h, 16),
+        None => s.parse(),
+    };
+    r.map_err(|_| format!("{s:?} is not a seed (a decimal or 0x-hex 64-bit integer)"))
+}
+
+/// Parses `I/N` with 0 <= I < N (the one parser lives with [`Shard`]).
+pub fn parse_shard(s: &str) -> Result<Shard, String> {
+    s.parse()
+}
+
+/// Shard from a Slurm job array or a Kubernetes indexed Job, when present (see
+/// [`crate::shard::shard_from_env`]: Slurm arrays not starting at 0 or with a step,
+/// and an index without its count, are handled there).
+pub fn shard_from_env() -> Result<Option<Shard>, Fatal> {
+    crate::shard::shard_from_env()
+}

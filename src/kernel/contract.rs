@@ -1,0 +1,214 @@
+//! The kernel contract: what every kernel under test implements ([`Kernel`]), declares
+//! ([`Capabilities`]) and reports ([`RunInfo`], [`RunError`]). A leaf: it knows the case
+//! model and nothing of any backend, so the generator and the oracle depend on the
+//! contract, never on CPU, CUDA or exec code.
+
+use super::output::OutputBuffer;
+use crate::case::{Case, ScalePlacement, ValueLayout};
+use crate::error::Fatal;
+use crate::fp8::Fp8Format;
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// How a kernel accumulates; decides the per-element error bound.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum Accumulation {
+    /// Exact products, f32 sums (each dot: D-1 roundings of 2^-24).
+    F32,
+    /// Tensor-core fp8 MMA whose accumulator keeps fewer bits (Hopper: about 2^-13
+    /// relative to the magnitude per dot). `rel` multiplies `Σ_d |q_d k_d|`.
+    Reduced { rel: f64 },
+}
+
+/// What a kernel leaves outside the valid set V(r) in `[0, max_model_len)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OutsideContract {
+    /// Anything (stale, unwritten, partial-chunk garbage): statistics only.
+    Any,
+    /// Every position outside V(r) is -inf (DeepGEMM `clean_logits=True`).
+    NegInf,
+}
+
+/// Which block sizes a kernel accepts.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BlockSizes {
+    Any,
+    List(Vec<usize>),
+}
+
+impl BlockSizes {
+    pub fn allows(&self, bs: usize) -> bool {
+        match self {
+            BlockSizes::Any => true,
+            BlockSizes::List(v) => v.contains(&bs),
+        }
+    }
+}
+
+/// Everything the generator and the oracle need to know about a kernel.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Capabilities {
+    pub formats: Vec<Fp8Format>,
+    pub layouts: Vec<ValueLayout>,
+    pub block_sizes: BlockSizes,
+    /// Inclusive range of next_n.
+    pub next_n: (usize, usize),
+    /// `None`: any H (multiple of 1); otherwise the accepted list.
+    pub heads: Option<Vec<usize>>,
+    /// `None`: any D (multiple of 16).
+    pub head_dims: Option<Vec<usize>>,
+    pub lens_1d: bool,
+    pub lens_2d: bool,
+    pub scale_placement: ScalePlacement,
+    pub accumulation: Accumulation,
+    pub outside: OutsideContract,
+    /// Largest KV cache (bytes) it can be given; `None`: no limit of its own.
+    pub max_kv_bytes: Option<u64>,
+    /// Whether hostile values (NaN codes, non-finite scales/weights) may be sent.
+    pub hostile_values: bool,
+    /// What the kernel does with NaN inputs, in words (reported, never judged).
+    pub nan_behaviour: String,
+}
+
+impl Capabilities {
+    /// The production-style CPU kernels: everything the case model can express.
+    pub fn everything(placement: ScalePlacement) -> Self {
+        Capabilities {
+            formats: Fp8Format::ALL.to_vec(),
+            layouts: ValueLayout::ALL.to_vec(),
+            block_sizes: BlockSizes::Any,
+            next_n: (1, crate::case::MAX_NEXT_N),
+            heads: None,
+            head_dims: None,
+            lens_1d: true,
+            lens_2d: true,
+            scale_placement: placement,
+            accumulation: Accumulation::F32,
+            outside: OutsideContract::Any,
+            max_kv_bytes: None,
+            hostile_values: true,
+            nan_behaviour: "propagates NaN through dot and head sum".into(),
+        }
+    }
+
+    /// Why this kernel cannot run `case`, or `None` when it can.
+    pub fn rejects(&self, case: &Case) -> Option<String> {
+        let s = &case.shape;
+        if !self.formats.contains(&s.format) {
+            return Some(format!("format {}", s.format));
+        }
+        if !self.layouts.contains(&s.layout) {
+            return Some(format!("layout {}", s.layout.name()));
+        }
+        if !self.block_sizes.allows(s.block_size) {
+            return Some(format!("block_size {}", s.block_size));
+        }
+        if s.next_n < self.next_n.0 || s.next_n > self.next_n.1 {
+            return Some(format!("next_n {}", s.next_n));
+        }
+        if let Some(h) = &self.heads {
+            if !h.contains(&s.heads) {
+                return Some(format!("heads {}", s.heads));
+            }
+        }
+        if let Some(d) = &self.head_dims {
+            if !d.contains(&s.head_dim) {
+                return Some(format!("head_dim {}", s.head_dim));
+            }
+        }
+        if case.context_lens.is_2d() && !self.lens_2d {
+            return Some("2-D context_lens".into());
+        }
+        if !case.context_lens.is_2d() && !self.lens_1d {
+            return Some("1-D context_lens".into());
+        }
+        if let Some(m) = self.max_kv_bytes {
+            if case.kv_cache_bytes() > m {
+                return Some(format!("kv cache of {} bytes > {m}", case.kv_cache_bytes()));
+            }
+        }
+        None
+    }
+}
+
+/// What a run reports besides the output.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunInfo {
+    /// Time of the kernel itself (device events for GPUs, wall time for CPU kernels).
+    pub kernel_time: Option<Duration>,
+    /// `Some(false)` when the kernel's inputs differed after the run from before.
+    pub inputs_intact: Option<bool>,
+    /// Device memory the case used, in bytes.
+    pub device_bytes: Option<u64>,
+}
+
+/// Why a run produced no output.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum RunError {
+    /// The kernel (or its worker) died: launch error, illegal address, timeout, abort.
+    #[error("crash: {0}")]
+    Crash(String),
+    /// The kernel cannot take this case (capabilities, memory): not a finding.
+    #[error("skipped: {0}")]
+    Skipped(String),
+    /// The environment is broken (driver gone, adapter not installed): stops the campaign.
+    #[error("{0}")]
+    Environment(String),
+}
+
+/// A kernel under test.
+pub trait Kernel: Send + Sync {
+    /// Full name as given on the command line (`cpu:chunked`, `cuda:tiled`, `exec:...`).
+    fn name(&self) -> &str;
+    /// Library version or build, for reports.
+    fn version(&self) -> String {
+        env!("CARGO_PKG_VERSION").to_string()
+    }
+    fn capabilities(&self) -> &Capabilities;
+    /// How many cases the campaign should run on this kernel at once: 1 for CPU kernels
+    /// (they parallelize inside with rayon), the number of GPUs for a worker pool.
+    fn preferred_jobs(&self) -> usize {
+        1
+    }
+    /// Whether the kernel runs on an accelerator (a GPU of its own): production cases
+    /// then run at an engine's full size; CPU kernels get them scaled (`--scale`).
+    fn on_accelerator(&self) -> bool {
+        false
+    }
+    /// Runs the case into `out` (poisoned, guarded, owned by the harness).
+    fn run(&self, case: &Case, out: &mut OutputBuffer) -> Result<RunInfo, RunError>;
+}
+
+/// A kernel the registry knows, and whether this machine can run it.
+pub struct KernelEntry {
+    pub name: String,
+    pub description: String,
+    /// `Err(reason)` when it cannot run here.
+    pub available: Result<(), String>,
+    /// A planted bug: the kernel is expected to fail.
+    pub planted_bug: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("unknown kernel {0:?} (see `mqa-fuzz kernels`)")]
+    Unknown(String),
+    #[error("kernel {name} is not available on this machine: {reason}")]
+    Unavailable { name: String, reason: String },
+    /// A malformed kernel name or setting (`exec:` with no command, a bad
+    /// `MQA_FUZZ_EXEC_*` value): bad usage, not a missing environment.
+    #[error("kernel {name}: {reason}")]
+    Invalid { name: String, reason: String },
+}
+
+impl From<OpenError> for Fatal {
+    fn from(e: OpenError) -> Self {
+        match e {
+            OpenError::Unknown(_) | OpenError::Invalid { .. } => Fatal::usage(e.to_string()),
+            OpenError::Unavailable { .. } => Fatal::environment(e.to_string()),
+        }
+    }
+}
