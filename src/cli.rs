@@ -507,6 +507,23 @@ pub struct RunArgs {
     /// Stop generating after this many distinct findings (e.g. 1 for a quick gate).
     #[arg(long)]
     pub max_findings: Option<usize>,
+    /// Determinism: run each generated case R times and compare the valid range bitwise
+    /// (a property, reported in its own section; a finding only with --require
+    /// deterministic). 1 turns it off. Default: 2 for kernels on a GPU in the production
+    /// profile (and wherever --require deterministic asks), else 1.
+    #[arg(long, value_name = "R")]
+    pub repeat: Option<u32>,
+    /// Batch invariance: re-run one sequence of each multi-sequence case alone and with
+    /// the batch reversed, on the same physical blocks, and compare its rows bitwise (a
+    /// property; a finding only with --require batch-invariant). auto: on for kernels on a
+    /// GPU in the production profile and wherever --require batch-invariant asks.
+    #[arg(long, value_enum, default_value_t = crate::property::Switch::Auto)]
+    pub batch_invariance: crate::property::Switch,
+    /// Properties whose violation is a finding (exit 1, saved and shrunk like any other):
+    /// deterministic, batch-invariant (comma-separated) or all. Turns the checks on. Without
+    /// it, violations are only reported in the report's properties section.
+    #[arg(long, value_name = "LIST", value_parser = crate::property::Property::parse_list)]
+    pub require: Option<std::vec::Vec<crate::property::Property>>,
     /// No progress output.
     #[arg(long, short = 'q')]
     pub quiet: bool,
@@ -691,6 +708,12 @@ fn cmd_run(args: RunArgs) -> Result<i32, Fatal> {
     cfg.stop_after_findings = args.max_findings;
     cfg.verify = args.verify;
     cfg.scale = args.scale;
+    cfg.properties = crate::property::PropertyConfig {
+        repeat: args.repeat,
+        batch: args.batch_invariance,
+        require: args.require.clone().unwrap_or_default(),
+    };
+    cfg.properties.check().map_err(Fatal::usage)?;
     if let Some(spec) = &args.gpus {
         cfg.gpus = Some(kernel::cuda::select_gpus(spec)?);
     }

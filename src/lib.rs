@@ -16,6 +16,7 @@ pub mod generate;
 pub mod harness;
 pub mod kernel;
 pub mod oracle;
+pub mod property;
 pub mod reference;
 pub mod report;
 pub mod selftest;

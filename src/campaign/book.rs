@@ -27,19 +27,21 @@ use std::time::{Duration, Instant};
 pub(super) enum Subject<'k> {
     Kernel(&'k dyn Kernel),
     Pair(&'k dyn Kernel, &'k dyn Kernel),
+    /// A required property of one kernel (`--require`): judged by its property check.
+    Property(&'k dyn Kernel, crate::property::Property),
 }
 
 impl Subject<'_> {
     pub fn name(&self) -> String {
         match self {
-            Subject::Kernel(k) => k.name().to_string(),
+            Subject::Kernel(k) | Subject::Property(k, _) => k.name().to_string(),
             Subject::Pair(a, b) => super::pair_name(a.name(), b.name()),
         }
     }
 
     fn kernels(&self) -> Vec<&str> {
         match self {
-            Subject::Kernel(k) => vec![k.name()],
+            Subject::Kernel(k) | Subject::Property(k, _) => vec![k.name()],
             Subject::Pair(a, b) => vec![a.name(), b.name()],
         }
     }
@@ -54,6 +56,13 @@ impl Subject<'_> {
             Subject::Pair(a, b) => diverges(&engine.cfg.oracle, *a, *b, case)
                 .map(|m| divergent_verdict(&m))
                 .unwrap_or_default(),
+            Subject::Property(k, p) => {
+                let plan = engine
+                    .cfg
+                    .properties
+                    .plan(k.on_accelerator(), engine.profile);
+                crate::property::judge(*k, case, *p, &engine.cfg.oracle, plan)
+            }
         }
     }
 }

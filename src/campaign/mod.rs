@@ -57,6 +57,8 @@ pub struct Config {
     /// The production profile's context-length scale (`None`: 1 for kernels on an
     /// accelerator, [`CPU_PRODUCTION_SCALE`] for CPU kernels).
     pub scale: Option<f64>,
+    /// Determinism and batch-invariance checks, and which are required (`crate::property`).
+    pub properties: crate::property::PropertyConfig,
 }
 
 /// Production cases of CPU kernels have an engine's geometry (pool, strides, ids, batch,
@@ -92,6 +94,7 @@ impl Config {
             gpus: None,
             verify: None,
             scale: None,
+            properties: Default::default(),
         }
     }
 }
@@ -149,6 +152,8 @@ struct CaseResult {
     judge_secs: f64,
     /// Per kernel: the run's wall time and the part of it spent on the output buffer.
     run_wall_secs: Vec<(f64, f64)>,
+    /// Per kernel: the property checks of the case (`crate::property::check_case`).
+    properties: Vec<Vec<crate::property::PropertyOutcome>>,
 }
 
 struct Engine<'a> {
@@ -211,6 +216,7 @@ impl Engine<'_> {
                 reference_secs: 0.0,
                 judge_secs: 0.0,
                 run_wall_secs: Vec::new(),
+                properties: Vec::new(),
             };
         }
         let mut refs =
@@ -220,8 +226,20 @@ impl Engine<'_> {
         let mut run_wall_secs = Vec::new();
         let mut judge_secs = 0.0;
         let mut environment_error = None;
+        let mut properties = Vec::new();
         for kern in &self.kernels {
             let j = harness::run_and_judge(kern.as_ref(), &case, &mut refs, &self.cfg.oracle);
+            let plan = self
+                .cfg
+                .properties
+                .plan(kern.on_accelerator(), self.profile);
+            properties.push(crate::property::check_case(
+                kern.as_ref(),
+                &case,
+                &j.verdict,
+                j.output.as_ref(),
+                plan,
+            ));
             run_wall_secs.push((j.wall.as_secs_f64(), j.setup.as_secs_f64()));
             judge_secs += j.judge.as_secs_f64();
             environment_error = environment_error.or(j.environment_error);
@@ -244,6 +262,7 @@ impl Engine<'_> {
             reference_secs,
             judge_secs,
             run_wall_secs,
+            properties,
         }
     }
 }
@@ -477,6 +496,12 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
         shard: cfg.shard,
         budget_secs: cfg.budget.map(|d| d.as_secs_f64()),
         max_cases: cfg.max_cases,
+        required: cfg
+            .properties
+            .require
+            .iter()
+            .map(|p| p.name().to_string())
+            .collect(),
         coverage: coverage::expected(&caps, cfg.profile),
         ..Default::default()
     };
@@ -651,11 +676,17 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
                 }
                 let mut line = serde_json::json!({"k": r.k, "seed": format!("{:#018x}", r.seed), "recipe": short_recipe(&r.recipe)});
                 let mut kinds = Vec::new();
-                for ((kern, v), wall) in
-                    engine.kernels.iter().zip(&r.verdicts).zip(&r.run_wall_secs)
+                for (ki, ((kern, v), wall)) in engine
+                    .kernels
+                    .iter()
+                    .zip(&r.verdicts)
+                    .zip(&r.run_wall_secs)
+                    .enumerate()
                 {
                     let stats = report.per_kernel.get_mut(kern.name()).unwrap();
                     timings.kernel_secs += add_verdict(stats, v, *wall, &r.case);
+                    let plan = cfg.properties.plan(kern.on_accelerator(), engine.profile);
+                    stats.properties.record(plan, &r.properties[ki]);
                     if let crate::generate::OffsetClass::Pool(pool) = &r.recipe.offsets {
                         if v.skipped.is_none() && !v.classes.contains_key(&Class::Crash) {
                             stats.population.record(&r.case, pool, engine.scale);
@@ -701,6 +732,28 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
                             parent: None,
                         },
                     );
+                }
+                // Property violations are findings only where required (`--require`).
+                for (ki, outcomes) in r.properties.iter().enumerate() {
+                    for (p, verdict) in
+                        crate::property::required_failures(outcomes, &cfg.properties)
+                    {
+                        any_finding = true;
+                        let subject = book::Subject::Property(engine.kernels[ki].as_ref(), p);
+                        let (recipe, case, origin) =
+                            (r.recipe.clone(), r.case.clone(), Some((r.k, r.seed)));
+                        book.file(
+                            &mut ctx,
+                            subject,
+                            book::Failure {
+                                recipe,
+                                case,
+                                verdict,
+                                origin,
+                                parent: None,
+                            },
+                        );
+                    }
                 }
                 if let Some((bi, msg)) = &r.divergence {
                     any_finding = true;

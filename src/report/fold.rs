@@ -35,6 +35,7 @@ fn add_stats(into: &mut KernelStats, k: &KernelStats) {
             .merge(t);
     }
     into.population.merge(&k.population);
+    into.properties.merge(&k.properties);
     // f64::max ignores NaN; an infinite ratio (NaN element) must win.
     if k.max_err_over_bound > into.max_err_over_bound || k.max_err_over_bound.is_nan() {
         into.max_err_over_bound = k.max_err_over_bound;
@@ -133,6 +134,12 @@ pub fn merge(reports: &[Report]) -> Report {
         .iter()
         .filter_map(|r| r.max_cases)
         .reduce(|a, b| a + b);
+    m.required = reports
+        .iter()
+        .flat_map(|r| r.required.iter().cloned())
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
     let mut shards = BTreeSet::new();
     let mut runs = Vec::new();
     for r in reports {

@@ -58,6 +58,15 @@ pub fn index_html(r: &Report) -> String {
             escape(&kernel_headline(name, k))
         );
     }
+    for line in crate::report::headline::property_lines(r) {
+        let ok = !line.contains(": NOT ");
+        let _ = write!(
+            s,
+            "<div class=\"verdict {}\">{}</div>",
+            if ok { "clean" } else { "bad" },
+            escape(&line)
+        );
+    }
     if r.interrupted {
         s.push_str("<p class=\"cls\">The run was interrupted: counts cover what ran.</p>");
     }

@@ -30,6 +30,9 @@ pub struct Report {
     pub shard: Option<Shard>,
     pub budget_secs: Option<f64>,
     pub max_cases: Option<u64>,
+    /// Properties whose violation is a finding (`--require`): `deterministic`,
+    /// `batch-invariant`.
+    pub required: Vec<String>,
     pub counts: Counts,
     pub per_kernel: BTreeMap<String, KernelStats>,
     pub findings: Vec<Finding>,
@@ -119,6 +122,9 @@ pub struct KernelStats {
     /// What the production-profile cases whose guard verdict counts were: the population
     /// the verdict speaks for.
     pub population: Population,
+    /// Determinism and batch invariance (DESIGN §7), checked where `--repeat` /
+    /// `--batch-invariance` say; findings only under `--require`.
+    pub properties: crate::property::PropertyStats,
 }
 
 /// The smallest and largest value seen (`None` before the first).

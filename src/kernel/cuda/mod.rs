@@ -221,7 +221,7 @@ mod tests {
         }
         assert_eq!(
             Variant::all().len(),
-            2 + crate::kernel::cpu::Plant::ALL.len()
+            2 + crate::kernel::cpu::Plant::every().count()
         );
         // Two planted bugs compose: both defines, one name.
         let two = Variant::parse("bug-offset32-kv+scale-before-relu").unwrap();
