@@ -2,7 +2,9 @@
 //! planted-bug kernel of the chosen backends is fuzzed from K seeds (the generators do
 //! not know which bug is planted); we record whether and how fast it was found, what
 //! the shrunk case looks like and whether its replay reproduces. Clean kernels run for
-//! the same budget and must find nothing. A double-bug kernel per backend
+//! the same budget and must find nothing, with determinism and batch invariance
+//! required of them; the property plants (`bug-nondeterministic`, `bug-batch-variant`)
+//! run with their property required. A double-bug kernel per backend
 //! ([`DOUBLE_BUG`], two bugs of the same class planted at once) checks that identity
 //! tells bugs apart: each bug counts as found only when a finding carries its own
 //! trigger.
@@ -190,6 +192,8 @@ pub fn run(opt: &Options) -> Result<i32, Fatal> {
             cfg.quiet = true;
             cfg.stop_after_findings = Some(1);
             cfg.shrink_budget = Duration::from_secs(15);
+            // A property plant is a finding only where its property is required.
+            cfg.properties.require = crate::property::broken_by_plant(name).into_iter().collect();
             let out = campaign::run(&cfg)?;
             let det = out.detections.first();
             let f = out.report.findings.first();
@@ -198,7 +202,10 @@ pub fn run(opt: &Options) -> Result<i32, Fatal> {
                 .and_then(|p| load_case_file(std::path::Path::new(p)).ok());
             let replay = case.as_ref().zip(f).map(|(c, f)| {
                 let k = kernel::open(name).expect("opened above");
-                let v = harness::judge_once(k.as_ref(), &c.case);
+                let v = match f.class.and_then(crate::property::Property::of_class) {
+                    Some(p) => crate::property::replay(k.as_ref(), &c.case, p, &cfg.oracle),
+                    None => harness::judge_once(k.as_ref(), &c.case),
+                };
                 f.class.is_some_and(|cl| v.classes.contains_key(&cl))
             });
             if let Some(d) = det {
@@ -273,6 +280,8 @@ pub fn run(opt: &Options) -> Result<i32, Fatal> {
         cfg.seed = 1;
         cfg.corpus_dir = dir.join("corpus");
         cfg.quiet = true;
+        // Clean kernels must also be deterministic and batch-invariant.
+        cfg.properties.require = crate::property::Property::ALL.to_vec();
         let out = campaign::run(&cfg)?;
         let run = CleanRun {
             kernel: name.clone(),
@@ -379,6 +388,7 @@ fn production_run(
     cfg.quiet = true;
     cfg.shrink = false;
     cfg.stop_after_findings = Some(1);
+    cfg.properties.require = crate::property::broken_by_plant(name).into_iter().collect();
     let out = campaign::run(&cfg)?;
     let plant = name
         .split_once(":bug-")

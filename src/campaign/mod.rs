@@ -573,6 +573,29 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
                     v,
                 );
             }
+            // A saved property finding is checked again where its property is required.
+            let required = crate::property::expected_properties(&file.expected.classes);
+            for p in required.into_iter().filter(|p| cfg.properties.requires(*p)) {
+                let v = crate::property::replay(kern.as_ref(), &file.case, p, &cfg.oracle);
+                if v.classes.contains_key(&p.class()) {
+                    any_finding = true;
+                    let mut ctx = book::Ctx {
+                        engine: &engine,
+                        progress: &mut progress,
+                        timings: &mut timings,
+                        generated: 0,
+                        started,
+                        deadline: None,
+                    };
+                    book.replayed(
+                        &mut ctx,
+                        book::Subject::Property(kern.as_ref(), p),
+                        path,
+                        file,
+                        v,
+                    );
+                }
+            }
         }
         if env_error.is_none() {
             if let Some((bi, msg)) = first_divergence(&engine.kernels, &file.case, &outputs) {

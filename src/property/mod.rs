@@ -342,6 +342,38 @@ pub fn judge(
     v
 }
 
+/// The properties a saved case's expected classes name (a property finding's file).
+pub fn expected_properties(classes: &[Class]) -> Vec<Property> {
+    Property::ALL
+        .into_iter()
+        .filter(|p| classes.contains(&p.class()))
+        .collect()
+}
+
+/// Re-checks `property` on a saved case (`replay`, selftest): the verdict of [`judge`]
+/// with the checks of a required property (2 runs; the sequence alone and reversed).
+pub fn replay(
+    kernel: &dyn Kernel,
+    case: &Case,
+    property: Property,
+    oracle: &OracleConfig,
+) -> Verdict {
+    let plan = Plan {
+        repeat: DEFAULT_REPEAT,
+        batch: true,
+    };
+    judge(kernel, case, property, oracle, plan)
+}
+
+/// The property a planted-bug kernel name breaks (`cpu:bug-batch-variant`), if any.
+pub fn broken_by_plant(kernel: &str) -> Option<Property> {
+    let (_, bugs) = kernel.split_once(":bug-")?;
+    crate::kernel::cpu::Plant::parse_set(bugs)?
+        .into_iter()
+        .find_map(|p| p.breaks_property())
+        .and_then(Property::parse)
+}
+
 /// Runs `case` once more into a fresh output (the harness's poisoned, guarded buffer).
 pub(crate) fn rerun(kernel: &dyn Kernel, case: &Case) -> Result<OutputBuffer, RunError> {
     if let Some(why) = kernel.capabilities().rejects(case) {
