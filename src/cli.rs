@@ -30,7 +30,7 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Run a fuzz campaign: replay the corpus, generate cases, shrink and save findings, write a report.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Measure detection power: fuzz every planted-bug kernel from several seeds, and clean kernels for false positives.
     Selftest {
         /// Which planted bugs to fuzz.
@@ -153,7 +153,7 @@ pub enum Bench {
 /// Runs the parsed command; returns the exit code.
 pub fn dispatch(cli: Cli) -> Result<i32, Fatal> {
     match cli.command {
-        Command::Run(args) => cmd_run(args),
+        Command::Run(args) => cmd_run(*args),
         Command::Selftest {
             backend,
             budget,
@@ -534,6 +534,16 @@ pub struct RunArgs {
     /// it, violations are only reported in the report's properties section.
     #[arg(long, value_name = "LIST", value_parser = crate::property::Property::parse_list)]
     pub require: Option<std::vec::Vec<crate::property::Property>>,
+    /// Crash localisation on NVIDIA: re-run each shrunk crash once under compute-sanitizer
+    /// memcheck (when it is on PATH and the kernel runs on a GPU) and attach the first
+    /// error record (kernel, access, address, thread/block, nearest allocation, source
+    /// line) to the finding. `memcheck,initcheck` also runs initcheck on shrunk
+    /// `unwritten` findings; `off` turns it off. A finding says why when it is not localised.
+    #[arg(long, value_name = "TOOLS", default_value = "memcheck", value_parser = crate::finding::sanitizer::SanitizeConfig::parse)]
+    pub sanitize: crate::finding::sanitizer::SanitizeConfig,
+    /// Longest sanitized re-run of one finding (compute-sanitizer slows kernels 10-100x).
+    #[arg(long, value_parser = parse_duration, default_value = "300s", allow_hyphen_values = true)]
+    pub sanitize_timeout: Duration,
     /// No progress output.
     #[arg(long, short = 'q')]
     pub quiet: bool,
@@ -724,6 +734,10 @@ fn cmd_run(args: RunArgs) -> Result<i32, Fatal> {
         require: args.require.clone().unwrap_or_default(),
     };
     cfg.properties.check().map_err(Fatal::usage)?;
+    cfg.sanitize = crate::finding::sanitizer::SanitizeConfig {
+        timeout: args.sanitize_timeout,
+        ..args.sanitize.clone()
+    };
     if let Some(spec) = &args.gpus {
         cfg.gpus = Some(kernel::cuda::select_gpus(spec)?);
     }
@@ -783,6 +797,11 @@ fn print_summary(r: &crate::report::Report, dir: &std::path::Path) {
                 format!("\n  replay: {}", f.replay_command)
             }
         );
+        if let Some(l) = &f.localisation {
+            crate::outln!("  localised: {}", l.sentence());
+        } else if let Some(why) = &f.localisation_skipped {
+            crate::outln!("  not localised: {why}");
+        }
     }
     crate::outln!("report: {}", dir.display());
 }

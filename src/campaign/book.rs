@@ -308,7 +308,7 @@ impl Book {
                 },
                 ctx.progress,
             );
-            let finding = self.finding(
+            let mut finding = self.finding(
                 ctx,
                 &subject,
                 &sig,
@@ -317,6 +317,10 @@ impl Book {
                 case_file,
                 Some(seed),
             );
+            if let Subject::Kernel(k) = subject {
+                let note = crate::finding::sanitizer::attach(&mut finding, &cfg.sanitize, k);
+                note.inspect(|l| ctx.progress.println(l));
+            }
             match same {
                 Some((i, true)) => {
                     self.raw.insert(raw, i);
@@ -583,6 +587,8 @@ impl Book {
             occurrences: 1,
             verdict: shrunk.verdict.clone(),
             picture: None,
+            localisation: None,
+            localisation_skipped: None,
             error_histogram: Vec::new(),
         }
     }

@@ -59,6 +59,8 @@ pub struct Config {
     pub scale: Option<f64>,
     /// Determinism and batch-invariance checks, and which are required (`crate::property`).
     pub properties: crate::property::PropertyConfig,
+    /// compute-sanitizer re-runs of shrunk crashes (`crate::finding::sanitizer`).
+    pub sanitize: crate::finding::sanitizer::SanitizeConfig,
 }
 
 /// Production cases of CPU kernels have an engine's geometry (pool, strides, ids, batch,
@@ -95,6 +97,7 @@ impl Config {
             verify: None,
             scale: None,
             properties: Default::default(),
+            sanitize: Default::default(),
         }
     }
 }

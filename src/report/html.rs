@@ -167,6 +167,20 @@ fn finding_html(s: &mut String, i: usize, f: &Finding) {
     for (k, v) in rows {
         let _ = write!(s, "<tr><th>{k}</th><td>{}</td></tr>", escape(&v));
     }
+    if let Some(l) = &f.localisation {
+        let _ = write!(
+            s,
+            "<tr><th>localisation</th><td>{}<pre>{}</pre></td></tr>",
+            escape(&l.sentence()),
+            escape(&l.record.join("\n"))
+        );
+    } else if let Some(why) = &f.localisation_skipped {
+        let _ = write!(
+            s,
+            "<tr><th>localisation</th><td>not localised: {}</td></tr>",
+            escape(why)
+        );
+    }
     s.push_str("</table>");
     let _ = write!(s, "<pre>{}</pre>", escape(&f.replay_command));
     if !f.verdict.examples.is_empty() {

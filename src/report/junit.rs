@@ -88,6 +88,11 @@ pub fn junit_xml(report: &Report) -> String {
                 if let Some(file) = &f.case_file {
                     text.push_str(&format!("case file: {file}\n"));
                 }
+                if let Some(l) = &f.localisation {
+                    text.push_str(&format!("localised: {}\n", l.sentence()));
+                } else if let Some(why) = &f.localisation_skipped {
+                    text.push_str(&format!("not localised: {why}\n"));
+                }
                 text.push_str(&format!("replay: {}\n", f.replay_command));
                 status.set_description(text);
                 let mut tc = TestCase::new(format!("{}: {}", f.class_name(), f.signature), status);

@@ -155,6 +155,30 @@ pub fn summary_md(r: &Report) -> String {
                 f.replay_command.replace('|', "\\|")
             );
         }
+        let located: Vec<String> = r
+            .findings
+            .iter()
+            .take(MAX_LISTED)
+            .filter_map(|f| {
+                let what = match (&f.localisation, &f.localisation_skipped) {
+                    (Some(l), _) => format!("localised: {}", l.sentence()),
+                    (None, Some(why)) => format!("not localised: {why}"),
+                    _ => return None,
+                };
+                Some(format!(
+                    "- `{}` {}: {}",
+                    f.kernel,
+                    f.class_name(),
+                    what.replace('|', "\\|")
+                ))
+            })
+            .collect();
+        if !located.is_empty() {
+            let _ = writeln!(s, "\n### Where it crashed (compute-sanitizer)\n");
+            for l in located {
+                let _ = writeln!(s, "{l}");
+            }
+        }
         if r.findings.len() > MAX_LISTED {
             let _ = writeln!(
                 s,

@@ -331,6 +331,12 @@ pub struct Finding {
     #[serde(with = "verdict_json")]
     pub verdict: Verdict,
     pub picture: Option<ClassMap>,
+    /// Where a crash happened, from compute-sanitizer memcheck's first error record on
+    /// the shrunk case (initcheck for `unwritten` under `--sanitize initcheck`).
+    pub localisation: Option<crate::finding::sanitizer::Localisation>,
+    /// Why the finding was not localised (tool missing, CPU kernel, no record), when a
+    /// localisation was asked for and is absent.
+    pub localisation_skipped: Option<String>,
     /// Counts of `|err| / bound` per bin, see [`crate::report::picture::HISTOGRAM_BINS`].
     pub error_histogram: Vec<u64>,
 }
