@@ -13,6 +13,7 @@ if [ "${1:-}" = "--stage" ]; then
     mkdir -p "$dest"
     strip -o "$dest/mqa-fuzz" "$root/target/release/mqa-fuzz"
     cp "$0" "$dest/gpu-check.sh"
+    cp "$root/scripts/gpu/properties.sh" "$dest/properties.sh"
     # The GPU integration tests (cargo test --release --no-run --test cuda).
     t=$(ls -t "$root"/target/release/deps/cuda-* 2>/dev/null | grep -v '\.d$' | head -1)
     [ -n "$t" ] && strip -o "$dest/test-cuda" "$t"
@@ -46,3 +47,10 @@ echo "campaign cuda:bug-split-boundary-drop exit $?"
 ls "$work/corpus" | head
 cp "$work/clean/summary.md" "$log/campaign-clean.md" 2>/dev/null
 cp "$work/bug/summary.md" "$log/campaign-bug.md" 2>/dev/null
+
+# Determinism, batch invariance and crash localisation (self-contained; see the script).
+if [ -f "$here/properties.sh" ]; then
+    bash "$here/properties.sh" "$bin"
+elif [ -f "$here/gpu/properties.sh" ]; then
+    bash "$here/gpu/properties.sh" "$bin"
+fi

@@ -253,5 +253,11 @@ mod tests {
         let two = Variant::parse("bug-offset32-kv+scale-before-relu").unwrap();
         compile::cubin(compile::Program::Tiled, "sm_90a", &two.defines_for(&case))
             .unwrap_or_else(|e| panic!("{e}"));
+        // The property plants: a device-global launch counter, a batch-derived order.
+        for p in crate::kernel::cpu::Plant::PROPERTY {
+            let v = Variant::Tiled(Some(p));
+            compile::cubin(compile::Program::Tiled, "sm_90a", &v.defines_for(&case))
+                .unwrap_or_else(|e| panic!("{}: {e}", v.short_name()));
+        }
     }
 }
