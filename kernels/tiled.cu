@@ -16,7 +16,9 @@
 // The D dimension is permuted identically for both operands (thread t of a quad owns
 // D/4 contiguous bytes) so each thread loads contiguous memory; a dot product does
 // not depend on the order of its terms.
-// Planted bugs (BUG_*) are one-line edits of this code, selected by defines.
+// Planted bugs (BUG_*) are one-line edits of this code, selected by defines; the two
+// property bugs (BUG_NONDETERMINISTIC, BUG_BATCH_VARIANT) change only the order of the
+// head-sum butterfly, so every value stays within its bound.
 
 #ifndef NN
 #define NN 1
@@ -42,6 +44,13 @@
 #define defined_BUG_FNUZ_AS_FN 1
 #else
 #define defined_BUG_FNUZ_AS_FN 0
+#endif
+
+#ifdef BUG_NONDETERMINISTIC
+// Launches of this module so far, counted by the last CTA of each launch: the planted
+// bug orders its head-sum reduction by it (see the end of tiled_logits).
+__device__ unsigned int bug_launches;
+__device__ unsigned int bug_ctas_done;
 #endif
 
 // Row length V(r) as this kernel believes it.
@@ -157,6 +166,21 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) tiled_logits(const Para
     for (int k = threadIdx.x; k < 256; k += blockDim.x) f16tab[k] = f32_to_f16_bits(p.decode[256 + k]);
 #endif
     const int total = prefix[B];
+    // The order of the head-sum butterfly below (lane masks m0, m1, m2): 4, 8, 16.
+#if defined(BUG_NONDETERMINISTIC)
+    // Another order every other launch, as partials arriving through atomics in another
+    // order would: two runs of one case differ in the last bits, within every bound.
+    const int red = (int)((*(volatile unsigned int*)&bug_launches) & 1u);
+#elif defined(BUG_BATCH_VARIANT)
+    // The order picked from the whole batch's work (a schedule tuned to the batch): a
+    // sequence's bits change with its neighbours' lengths, within every bound.
+    const int red = total % 3;
+#else
+    const int red = 0;
+#endif
+    const int m0 = red == 1 ? 16 : (red == 2 ? 8 : 4);
+    const int m1 = red == 2 ? 16 : 8;
+    const int m2 = red == 0 ? 16 : 4;
     const int per = (total + p.num_workers - 1) / p.num_workers;
     int start = blockIdx.x * per;
     int end = min(total, start + per);
@@ -299,9 +323,9 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) tiled_logits(const Para
 #pragma unroll
                     for (int j = 0; j < 2; j++) {
                         float v = part[i][nt][j];
-                        v += __shfl_xor_sync(0xffffffffu, v, 4);
-                        v += __shfl_xor_sync(0xffffffffu, v, 8);
-                        v += __shfl_xor_sync(0xffffffffu, v, 16);
+                        v += __shfl_xor_sync(0xffffffffu, v, m0);
+                        v += __shfl_xor_sync(0xffffffffu, v, m1);
+                        v += __shfl_xor_sync(0xffffffffu, v, m2);
                         part[i][nt][j] = v;
                     }
             if (g == 0) {
@@ -334,4 +358,16 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) tiled_logits(const Para
             }
         }
     }
+#ifdef BUG_NONDETERMINISTIC
+    // The last CTA to finish counts the launch: every CTA read the count at its start,
+    // before any CTA's increment below, so a launch uses one order throughout.
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        if (atomicAdd(&bug_ctas_done, 1u) == gridDim.x - 1) {
+            bug_ctas_done = 0;
+            atomicAdd(&bug_launches, 1u);
+        }
+    }
+#endif
 }

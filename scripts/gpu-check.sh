@@ -21,7 +21,14 @@
 #                                        then in parallel: cuda:tiled 10 min and cuda:naive 5 min on
 #                                        --profile all, gpu-selfcheck, `selftest --backend cuda`, DeepGEMM
 #                                        and torch campaigns over each profile, replay of DeepGEMM's cases
-# all         ~40 min                    every check above
+# properties  ~8 min, 1 GPU              determinism, batch invariance and crash localisation
+#                                        (scripts/gpu/properties.sh): `selftest --backend cuda` on the
+#                                        property plants and the clean kernels, a production campaign
+#                                        with both properties required, a crash localised by memcheck
+# findings    ~8 min, 1 GPU              findings are bugs: the CUDA double-bug selftest row (while
+#                                        DeepGEMM builds); DeepGEMM over --profile all for BUDGET s
+#                                        (200), each bug its own finding with trigger and tier
+# all         ~60 min                    every check above
 #
 # Needs: an NVIDIA driver and NVRTC from CUDA 13 (docs/cuda.md); for production, deepgemm and
 # campaigns also python3 with torch, numpy and safetensors, nvcc, DeepGEMM's source distribution
@@ -52,6 +59,7 @@ if [ "${1:-}" = "--stage" ]; then
     done
     [ -n "${OLD_BIN:-}" ] && strip -o "$dest/mqa-fuzz-old" "$OLD_BIN"
     cp "$0" "$dest/gpu-check.sh"
+    mkdir -p "$dest/gpu" && cp "$here"/gpu/*.sh "$dest/gpu/"
     rm -rf "$dest/external" && cp -r "$root/kernels/external" "$dest/external"
     mkdir -p "$dest/dg"
     if [ ! -d "$dest/dg/x/usr/include/elfutils" ]; then
@@ -67,12 +75,13 @@ fi
 
 # Where everything is: a staged directory, or a checkout with its release build.
 if [ -x "$here/mqa-fuzz" ]; then
-    B="$here/mqa-fuzz" adapters="$here/external" dg_dir="$here/dg"
+    B="$here/mqa-fuzz" adapters="$here/external" dg_dir="$here/dg" gdir="$here/gpu"
     test_bin() { [ -x "$here/test-$1" ] && echo "$here/test-$1"; }
     export XDG_CACHE_HOME="$here/cache"
 else
     root="$(cd "$here/.." && pwd)"
     B="${MQA_FUZZ_BIN:-${CARGO_TARGET_DIR:-$root/target}/release/mqa-fuzz}" adapters="$root/kernels/external" dg_dir="$root/.dg"
+    gdir="$here/gpu"
     test_bin() { ls -t "${CARGO_TARGET_DIR:-$root/target}"/release/deps/"$1"-* 2>/dev/null | grep -v '\.d$' | head -1; }
 fi
 [ -x "$B" ] || { echo "no mqa-fuzz binary at $B: cargo build --release first" >&2; exit 2; }
@@ -262,19 +271,50 @@ check_campaigns() {
     done
 }
 
+check_properties() {
+    machine
+    OUT="$W/logs" bash "$gdir/properties.sh" "$B"
+}
+
+check_findings() {
+    machine
+    # The CUDA double-bug row (two planted bugs of one class, each found by its own
+    # signature) while DeepGEMM builds on the CPU cores.
+    "$B" selftest --backend cuda --only "${DOUBLE:-offset32-kv+scale-before-relu}" --seeds 1 \
+        >"$W/logs/selftest-double.log" 2>&1 &
+    local st=$! rc
+    deepgemm_env || return 3
+    wait $st
+    rc=$?
+    echo "[$(stamp)] selftest (CUDA double-bug row) exit $rc"
+    cat "$W/logs/selftest-double.log"
+    # DeepGEMM over --profile all: each bug a finding of its own, with trigger and tier.
+    campaign findings-deepgemm --kernel deepgemm --profile all --budget "${BUDGET:-200}" \
+        --seed "${SEED:-71}" --scale "${SCALE:-1/16}" --shrink-budget 30s
+    python3 - "$W/r/findings-deepgemm/report.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+print(f"   {len(r['findings'])} distinct bugs")
+for f in r["findings"]:
+    print(f"   - {f['signature']}  tier {f['tier']}  {f['needs']}  x{f['occurrences']}  "
+          f"{f['rows']} rows x {f['tokens']} tokens  picture={'yes' if f.get('picture') else 'no'}")
+PY
+    return $rc
+}
+
 checks=("$@")
 [ ${#checks[@]} -gt 0 ] || checks=(quick)
-[ "${checks[*]}" = all ] && checks=(quick production deepgemm campaigns)
+[ "${checks[*]}" = all ] && checks=(quick production deepgemm campaigns properties findings)
 status=0
 for c in "${checks[@]}"; do
     case "$c" in
-    quick | production | deepgemm | campaigns)
+    quick | production | deepgemm | campaigns | properties | findings)
         echo "===== check $c"
         "check_$c" 2>&1 | tee "$W/logs/check-$c.log"
         [ "${PIPESTATUS[0]}" = 0 ] || status=1
         ;;
     *)
-        echo "unknown check $c (quick, production, deepgemm, campaigns, all)" >&2
+        echo "unknown check $c (quick, production, deepgemm, campaigns, properties, findings, all)" >&2
         exit 2
         ;;
     esac

@@ -25,8 +25,12 @@ pub enum Class {
     InputMutated,
     /// Launch error, illegal address, abort, timeout.
     Crash,
-    /// Two runs of the same case differ bitwise in V(r).
+    /// Two runs of the same case differ bitwise in V(r) (a property: a finding only
+    /// under `--require deterministic`, see `crate::property`).
     Nondeterministic,
+    /// A sequence's rows differ bitwise between the batch, the sequence alone and the
+    /// batch permuted (a property: a finding only under `--require batch-invariant`).
+    BatchVariant,
     /// The downstream top-k of a row would select differently from the reference.
     Topk,
     /// Two kernels disagree beyond both their bounds.
@@ -34,7 +38,7 @@ pub enum Class {
 }
 
 impl Class {
-    pub const ALL: [Class; 11] = [
+    pub const ALL: [Class; 12] = [
         Class::Mismatch,
         Class::Nan,
         Class::Inf,
@@ -44,6 +48,7 @@ impl Class {
         Class::InputMutated,
         Class::Crash,
         Class::Nondeterministic,
+        Class::BatchVariant,
         Class::Topk,
         Class::Divergent,
     ];
@@ -59,6 +64,7 @@ impl Class {
             Class::InputMutated => "input_mutated",
             Class::Crash => "crash",
             Class::Nondeterministic => "nondeterministic",
+            Class::BatchVariant => "batch_variant",
             Class::Topk => "topk",
             Class::Divergent => "divergent",
         }

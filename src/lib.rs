@@ -18,6 +18,7 @@ pub mod harness;
 pub mod interrupt;
 pub mod kernel;
 pub mod oracle;
+pub mod property;
 pub mod reference;
 pub mod report;
 pub mod selftest;

@@ -2,7 +2,9 @@
 //! planted-bug kernel of the chosen backends is fuzzed from K seeds (the generators do
 //! not know which bug is planted); we record whether and how fast it was found, what
 //! the shrunk case looks like and whether its replay reproduces. Clean kernels run for
-//! the same budget and must find nothing. A double-bug kernel per backend
+//! the same budget and must find nothing, with determinism and batch invariance
+//! required of them; the property plants (`bug-nondeterministic`, `bug-batch-variant`)
+//! run with their property required. A double-bug kernel per backend
 //! ([`DOUBLE_BUG`], two bugs of the same class planted at once) checks that identity
 //! tells bugs apart: each bug counts as found only when a finding carries its own
 //! trigger.
@@ -319,6 +321,8 @@ fn planted_run(
     let mut cfg = campaign_config(opt, &dir, name, seed);
     cfg.stop_after_findings = Some(1);
     cfg.shrink_budget = Duration::from_secs(15);
+    // A property plant is a finding only where its property is required.
+    cfg.properties.require = crate::property::broken_by_plant(name).into_iter().collect();
     let out = campaign::run(&cfg)?;
     let det = out.detections.first();
     let f = out.report.findings.first();
@@ -327,7 +331,10 @@ fn planted_run(
         .and_then(|p| load_case_file(std::path::Path::new(p)).ok());
     let replay = case.as_ref().zip(f).map(|(c, f)| {
         let k = kernel::open(name).expect("opened above");
-        let v = harness::judge_once(k.as_ref(), &c.case);
+        let v = match f.class.and_then(crate::property::Property::of_class) {
+            Some(p) => crate::property::replay(k.as_ref(), &c.case, p, &cfg.oracle),
+            None => harness::judge_once(k.as_ref(), &c.case),
+        };
         f.class.is_some_and(|cl| v.classes.contains_key(&cl))
     });
     Ok(BugRun {
@@ -357,7 +364,9 @@ fn planted_run(
 
 /// One campaign on a clean kernel: any finding is a false positive.
 fn clean_run(opt: &Options, work: &std::path::Path, name: &str) -> Result<CleanRun, Fatal> {
-    let cfg = campaign_config(opt, &work.join(name.replace(':', "_")), name, 1);
+    let mut cfg = campaign_config(opt, &work.join(name.replace(':', "_")), name, 1);
+    // Clean kernels must also be deterministic and batch-invariant.
+    cfg.properties.require = crate::property::Property::ALL.to_vec();
     let out = campaign::run(&cfg)?;
     Ok(CleanRun {
         kernel: name.to_string(),
@@ -424,6 +433,7 @@ fn production_run(
     cfg.quiet = true;
     cfg.shrink = false;
     cfg.stop_after_findings = Some(1);
+    cfg.properties.require = crate::property::broken_by_plant(name).into_iter().collect();
     let out = campaign::run(&cfg)?;
     let plant = name
         .split_once(":bug-")

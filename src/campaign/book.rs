@@ -140,6 +140,7 @@ impl Book {
                 }
             }
         }
+        failed |= self.file_properties(ctx, source, case, judgement);
         if let Some((bi, msg)) = &judgement.divergence {
             failed = true;
             let subject = Subject::Pair(kernels[0].as_ref(), kernels[*bi].as_ref());
@@ -163,6 +164,50 @@ impl Book {
                         subject.name()
                     ));
                     self.replayed(ctx, subject, path, file, verdict);
+                }
+            }
+        }
+        failed
+    }
+
+    /// Property violations are findings only where required (`--require`): a generated
+    /// case's failed checks, and a saved property finding checked again on replay.
+    fn file_properties(
+        &mut self,
+        ctx: &mut Ctx,
+        source: &Source,
+        case: &Case,
+        judgement: &super::engine::Judgement,
+    ) -> bool {
+        let (engine, mut failed) = (ctx.engine, false);
+        for (kern, run) in engine.kernels.iter().zip(&judgement.runs) {
+            let props = &engine.cfg.properties;
+            match source {
+                Source::Generated(done) => {
+                    let g = &done.generated;
+                    for (p, verdict) in crate::property::required_failures(&run.properties, props) {
+                        failed = true;
+                        let failure = Failure {
+                            recipe: g.recipe.clone(),
+                            case: case.clone(),
+                            verdict,
+                            origin: Some((g.k, g.seed)),
+                            parent: None,
+                        };
+                        self.file(ctx, Subject::Property(kern.as_ref(), p), failure);
+                    }
+                }
+                Source::Corpus { path, file } => {
+                    let expected = crate::property::expected_properties(&file.expected.classes);
+                    for p in expected.into_iter().filter(|p| props.requires(*p)) {
+                        let oracle = &engine.cfg.oracle;
+                        let v = crate::property::replay(kern.as_ref(), &file.case, p, oracle);
+                        if v.classes.contains_key(&p.class()) {
+                            failed = true;
+                            let subject = Subject::Property(kern.as_ref(), p);
+                            self.replayed(ctx, subject, path, file, v);
+                        }
+                    }
                 }
             }
         }
@@ -271,7 +316,7 @@ impl Book {
                 },
                 ctx.progress,
             );
-            let finding = self.finding(
+            let mut finding = self.finding(
                 ctx,
                 &subject,
                 &sig,
@@ -280,6 +325,10 @@ impl Book {
                 case_file,
                 Some(seed),
             );
+            if let Subject::Kernel(k) = subject {
+                let note = crate::finding::sanitizer::attach(&mut finding, &cfg.sanitize, k);
+                note.inspect(|l| ctx.progress.println(l));
+            }
             match same {
                 Some((i, true)) => {
                     self.raw.insert(raw, i);
@@ -558,6 +607,8 @@ impl Book {
             verdict: shrunk.verdict.clone(),
             picture,
             error_histogram,
+            localisation: None,
+            localisation_skipped: None,
         }
     }
 

@@ -34,6 +34,8 @@ pub(super) struct KernelRun {
     pub setup_secs: f64,
     /// Time the oracle took (the reference excluded).
     pub judge_secs: f64,
+    /// The property checks of a generated case (`crate::property::check_case`).
+    pub properties: Vec<crate::property::PropertyOutcome>,
 }
 
 /// A case judged on every kernel (generated or replayed).
@@ -63,6 +65,13 @@ pub(super) struct CaseDone {
 }
 
 impl Engine<'_> {
+    /// The property checks in force for `kernel` (`--repeat`, `--batch-invariance`).
+    pub fn property_plan(&self, kernel: &dyn Kernel) -> crate::property::Plan {
+        self.cfg
+            .properties
+            .plan(kernel.on_accelerator(), self.profile)
+    }
+
     /// How a case of `recipe` is verified.
     fn verify_for(&self, recipe: &Recipe) -> VerifyMode {
         if matches!(recipe.offsets, crate::generate::OffsetClass::Pool(_)) {
@@ -106,7 +115,8 @@ impl Engine<'_> {
             },
             Ok(()) => {
                 let selection = self.verify_for(&recipe).selection(&case, seed);
-                self.judge(&case, ReferenceCache::with_selection(&case, selection))
+                let refs = ReferenceCache::with_selection(&case, selection);
+                self.judge(&case, refs, true)
             }
         };
         CaseDone {
@@ -124,21 +134,32 @@ impl Engine<'_> {
 
     /// Runs a corpus case on every kernel and judges it (every row verified).
     pub fn judge_file(&self, case: &Case) -> Judgement {
-        self.judge(case, ReferenceCache::new(case))
+        self.judge(case, ReferenceCache::new(case), false)
     }
 
-    fn judge(&self, case: &Case, mut refs: ReferenceCache) -> Judgement {
+    /// Runs and judges `case` on every kernel; `properties`: with the property checks
+    /// the plan in force asks for.
+    fn judge(&self, case: &Case, mut refs: ReferenceCache, properties: bool) -> Judgement {
         let mut runs = Vec::new();
         let mut outputs = Vec::new();
         let mut environment_error = None;
         for kern in &self.kernels {
             let j = harness::run_and_judge(kern.as_ref(), case, &mut refs, &self.cfg.oracle);
+            let plan = self.property_plan(kern.as_ref());
+            let properties = match properties {
+                true => {
+                    let (v, out) = (&j.verdict, j.output.as_ref());
+                    crate::property::check_case(kern.as_ref(), case, v, out, plan)
+                }
+                false => Vec::new(),
+            };
             environment_error = environment_error.or(j.environment_error);
             runs.push(KernelRun {
                 verdict: j.verdict,
                 wall_secs: j.wall.as_secs_f64(),
                 setup_secs: j.setup.as_secs_f64(),
                 judge_secs: j.judge.as_secs_f64(),
+                properties,
             });
             outputs.push(j.output);
             if environment_error.is_some() {

@@ -86,6 +86,10 @@ impl Tally {
             self.timings.oracle_secs += run.judge_secs;
             let stats = self.per_kernel.entry(kern.name().to_string()).or_default();
             self.timings.kernel_secs += stats.record(v, run.wall_secs, run.setup_secs, case);
+            if let Source::Generated(_) = source {
+                let plan = engine.property_plan(kern.as_ref());
+                stats.properties.record(plan, &run.properties);
+            }
             if let (Some(pool), Source::Generated(_)) = (pool, source) {
                 if v.skipped.is_none() && !v.classes.contains_key(&Class::Crash) {
                     stats.population.record(case, pool, engine.scale);

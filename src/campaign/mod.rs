@@ -69,6 +69,10 @@ pub struct Config {
     /// The production profile's context-length scale (`None`: 1 for kernels on an
     /// accelerator, [`CPU_PRODUCTION_SCALE`] for CPU kernels).
     pub scale: Option<f64>,
+    /// Determinism and batch-invariance checks, and which are required (`crate::property`).
+    pub properties: crate::property::PropertyConfig,
+    /// compute-sanitizer re-runs of shrunk crashes (`crate::finding::sanitizer`).
+    pub sanitize: crate::finding::sanitizer::SanitizeConfig,
 }
 
 /// Production cases of CPU kernels have an engine's geometry (pool, strides, ids, batch,
@@ -104,6 +108,8 @@ impl Config {
             gpus: None,
             verify: None,
             scale: None,
+            properties: Default::default(),
+            sanitize: Default::default(),
         }
     }
 }

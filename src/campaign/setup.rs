@@ -163,6 +163,12 @@ pub(super) fn new_report(engine: &Engine, started_unix: u64) -> Report {
         shard: cfg.shard,
         budget_secs: cfg.budget.map(|d| d.as_secs_f64()),
         max_cases: cfg.max_cases,
+        required: cfg
+            .properties
+            .require
+            .iter()
+            .map(|p| p.name().to_string())
+            .collect(),
         coverage: super::coverage::expected(&engine.caps(), cfg.profile),
         ..Default::default()
     };

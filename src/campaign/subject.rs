@@ -19,19 +19,21 @@ use std::time::Instant;
 pub(super) enum Subject<'k> {
     Kernel(&'k dyn Kernel),
     Pair(&'k dyn Kernel, &'k dyn Kernel),
+    /// A required property of one kernel (`--require`): judged by its property check.
+    Property(&'k dyn Kernel, crate::property::Property),
 }
 
 impl Subject<'_> {
     pub fn name(&self) -> String {
         match self {
-            Subject::Kernel(k) => k.name().to_string(),
+            Subject::Kernel(k) | Subject::Property(k, _) => k.name().to_string(),
             Subject::Pair(a, b) => pair_name(a.name(), b.name()),
         }
     }
 
     pub fn kernels(&self) -> Vec<&str> {
         match self {
-            Subject::Kernel(k) => vec![k.name()],
+            Subject::Kernel(k) | Subject::Property(k, _) => vec![k.name()],
             Subject::Pair(a, b) => vec![a.name(), b.name()],
         }
     }
@@ -52,6 +54,12 @@ impl Subject<'_> {
                     msg.map(|m| divergent_verdict(&m)).unwrap_or_default(),
                     evidence,
                 )
+            }
+            // A property finding's picture would show only the oracle's classes.
+            Subject::Property(k, p) => {
+                let plan = engine.property_plan(*k);
+                let v = crate::property::judge(*k, case, *p, &engine.cfg.oracle, plan);
+                (v, None)
             }
         }
     }

@@ -31,7 +31,7 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Run a fuzz campaign: replay the corpus, generate cases, shrink and save findings, write a report.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Measure detection power: fuzz every planted-bug kernel from several seeds, and clean kernels for false positives.
     Selftest {
         /// Which planted bugs to fuzz.
@@ -163,7 +163,7 @@ pub enum Bench {
 /// Runs the parsed command; returns the exit code.
 pub fn dispatch(cli: Cli) -> Result<i32, Fatal> {
     match cli.command {
-        Command::Run(args) => run::cmd_run(args),
+        Command::Run(args) => run::cmd_run(*args),
         Command::Selftest {
             backend,
             budget,
@@ -343,6 +343,33 @@ pub struct RunArgs {
     /// Stop generating after this many distinct findings (e.g. 1 for a quick gate).
     #[arg(long)]
     pub max_findings: Option<usize>,
+    /// Determinism: run each generated case R times and compare the valid range bitwise
+    /// (a property, reported in its own section; a finding only with --require
+    /// deterministic). 1 turns it off. Default: 2 for kernels on a GPU in the production
+    /// profile (and wherever --require deterministic asks), else 1.
+    #[arg(long, value_name = "R")]
+    pub repeat: Option<u32>,
+    /// Batch invariance: re-run one sequence of each multi-sequence case alone and with
+    /// the batch reversed, on the same physical blocks, and compare its rows bitwise (a
+    /// property; a finding only with --require batch-invariant). auto: on for kernels on a
+    /// GPU in the production profile and wherever --require batch-invariant asks.
+    #[arg(long, value_enum, default_value_t = crate::property::Switch::Auto)]
+    pub batch_invariance: crate::property::Switch,
+    /// Properties whose violation is a finding (exit 1, saved and shrunk like any other):
+    /// deterministic, batch-invariant (comma-separated) or all. Turns the checks on. Without
+    /// it, violations are only reported in the report's properties section.
+    #[arg(long, value_name = "LIST", value_parser = crate::property::Property::parse_list)]
+    pub require: Option<std::vec::Vec<crate::property::Property>>,
+    /// Crash localisation on NVIDIA: re-run each shrunk crash once under compute-sanitizer
+    /// memcheck (when it is on PATH and the kernel runs on a GPU) and attach the first
+    /// error record (kernel, access, address, thread/block, nearest allocation, source
+    /// line) to the finding. `memcheck,initcheck` also runs initcheck on shrunk
+    /// `unwritten` findings; `off` turns it off. A finding says why when it is not localised.
+    #[arg(long, value_name = "TOOLS", default_value = "memcheck", value_parser = crate::finding::sanitizer::SanitizeConfig::parse)]
+    pub sanitize: crate::finding::sanitizer::SanitizeConfig,
+    /// Longest sanitized re-run of one finding (compute-sanitizer slows kernels 10-100x).
+    #[arg(long, value_parser = parse_duration, default_value = "300s", allow_hyphen_values = true)]
+    pub sanitize_timeout: Duration,
     /// No progress output.
     #[arg(long, short = 'q')]
     pub quiet: bool,

@@ -89,8 +89,18 @@ pub(super) fn cmd_replay(
             if let Some(e) = judged.environment_error {
                 return Err(Fatal::environment(format!("{name}: {e}")));
             }
-            let v = judged.verdict;
+            let mut v = judged.verdict;
             outputs.push(judged.output);
+            // A property finding's file: its property is checked again (runs the case
+            // more times); its class joins the verdict.
+            for p in crate::property::expected_properties(&file.expected.classes) {
+                let pv = crate::property::replay(*k, &file.case, p, &cfg);
+                for (c, n) in pv.classes.iter().filter(|(c, _)| **c == p.class()) {
+                    v.classes.insert(*c, *n);
+                }
+                v.examples
+                    .extend(pv.examples.into_iter().filter(|e| e.class == p.class()));
+            }
             any_finding |= harness::has_findings(&v);
             for c in v.finding_classes() {
                 if !got.contains(&c) {

@@ -118,6 +118,16 @@ pub(super) fn cmd_run(args: RunArgs) -> Result<i32, Fatal> {
     cfg.stop_after_findings = args.max_findings;
     cfg.verify = args.verify;
     cfg.scale = args.scale;
+    cfg.properties = crate::property::PropertyConfig {
+        repeat: args.repeat,
+        batch: args.batch_invariance,
+        require: args.require.clone().unwrap_or_default(),
+    };
+    cfg.properties.check().map_err(Fatal::usage)?;
+    cfg.sanitize = crate::finding::sanitizer::SanitizeConfig {
+        timeout: args.sanitize_timeout,
+        ..args.sanitize.clone()
+    };
     if let Some(spec) = &args.gpus {
         cfg.gpus = Some(kernel::cuda::select_gpus(spec)?);
     }
@@ -177,6 +187,11 @@ fn print_summary(r: &crate::report::Report, dir: &std::path::Path) {
                 format!("\n  replay: {}", f.replay_command)
             }
         );
+        if let Some(l) = &f.localisation {
+            crate::outln!("  localised: {}", l.sentence());
+        } else if let Some(why) = &f.localisation_skipped {
+            crate::outln!("  not localised: {why}");
+        }
     }
     crate::outln!("report: {}", dir.display());
 }

@@ -6,11 +6,13 @@
 //! - [`reason`]: crash messages → reasons (numbers, addresses, paths, shapes stripped).
 //! - [`feature`]: the fixed vocabulary of case features, each with its benign form.
 //! - [`position`]: where the first offending position sits (block/chunk/context edge).
+//! - [`sanitizer`]: a shrunk crash re-run under compute-sanitizer, its first record parsed.
 //! - [`signature`]: [`Signature`], [`Trigger`], [`Tier`] and the ablation that finds them.
 
 pub mod feature;
 pub mod position;
 pub mod reason;
+pub mod sanitizer;
 pub mod signature;
 
 pub use feature::{features_of, Feature, Tier};

@@ -18,9 +18,34 @@ pub enum Plant {
     SplitBoundaryDrop,
     ShortRowSkipped,
     StorePastEnd,
+    /// Breaks bitwise determinism (a property, DESIGN §7): invisible to the oracle.
+    Nondeterministic,
+    /// Breaks batch invariance (a property, DESIGN §7): invisible to the oracle.
+    BatchVariant,
 }
 
 impl Plant {
+    /// The planted bugs that break a property rather than a value: every result stays
+    /// within its error bound, so only `--require deterministic,batch-invariant` (and
+    /// `selftest`, which requires them for these rows) turns them into findings. Kept
+    /// out of [`Plant::ALL`], whose bugs the reference alone must catch.
+    pub const PROPERTY: [Plant; 2] = [Plant::Nondeterministic, Plant::BatchVariant];
+
+    /// Every planted bug: [`Plant::ALL`] then [`Plant::PROPERTY`].
+    pub fn every() -> impl Iterator<Item = Plant> {
+        Plant::ALL.into_iter().chain(Plant::PROPERTY)
+    }
+
+    /// The property (its `--require` name) this planted bug breaks, if it is one of
+    /// [`Plant::PROPERTY`].
+    pub fn breaks_property(self) -> Option<&'static str> {
+        match self {
+            Plant::Nondeterministic => Some("deterministic"),
+            Plant::BatchVariant => Some("batch-invariant"),
+            _ => None,
+        }
+    }
+
     pub const ALL: [Plant; 12] = [
         Plant::TailUnwritten,
         Plant::Offset32Kv,
@@ -50,11 +75,13 @@ impl Plant {
             Plant::SplitBoundaryDrop => "split-boundary-drop",
             Plant::ShortRowSkipped => "short-row-skipped",
             Plant::StorePastEnd => "store-past-end",
+            Plant::Nondeterministic => "nondeterministic",
+            Plant::BatchVariant => "batch-variant",
         }
     }
 
     pub fn parse(s: &str) -> Option<Plant> {
-        Plant::ALL.into_iter().find(|p| p.name() == s)
+        Plant::every().find(|p| p.name() == s)
     }
 
     /// How a serving engine's own inputs reach this bug (`--profile production` must find
@@ -78,6 +105,8 @@ impl Plant {
             Plant::StorePastEnd => {
                 Some("a request at a max_model_len that is not a multiple of 256")
             }
+            Plant::Nondeterministic => Some("any case with 3 or more index heads (V4: 64)"),
+            Plant::BatchVariant => Some("any batch of 2 or more requests"),
         }
     }
 
@@ -110,6 +139,8 @@ impl Plant {
             Plant::SplitBoundaryDrop => "split-KV: a worker whose range starts mid-sequence skips its first chunk",
             Plant::ShortRowSkipped => "schedule drops sequences with context length < next_n, though their last rows have valid positions",
             Plant::StorePastEnd => "chunk store masks with t <= max_model_len: one element written past the end of each full row",
+            Plant::Nondeterministic => "the head sum's partials are combined in an order that follows a run counter (as atomics arriving in another order would): two runs of one case differ in the last bits, within every error bound",
+            Plant::BatchVariant => "the head sum is split where the batch's total length says (a schedule tuned to the whole batch): a sequence's summation order, and so its last bits, change with its neighbours, within every error bound",
         }
     }
 }

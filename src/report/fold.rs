@@ -98,6 +98,12 @@ pub fn merge(reports: &[Report]) -> Report {
         .iter()
         .filter_map(|r| r.max_cases)
         .reduce(|a, b| a + b);
+    m.required = reports
+        .iter()
+        .flat_map(|r| r.required.iter().cloned())
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
     let mut shards = BTreeSet::new();
     let mut runs = Vec::new();
     for r in reports {

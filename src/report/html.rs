@@ -58,6 +58,15 @@ pub fn index_html(r: &Report) -> String {
             escape(&kernel_headline(name, k))
         );
     }
+    for line in crate::report::headline::property_lines(r) {
+        let ok = !line.contains(": NOT ");
+        let _ = write!(
+            s,
+            "<div class=\"verdict {}\">{}</div>",
+            if ok { "clean" } else { "bad" },
+            escape(&line)
+        );
+    }
     if r.interrupted {
         s.push_str("<p class=\"cls\">The run was interrupted: counts cover what ran.</p>");
     }
@@ -157,6 +166,20 @@ fn finding_html(s: &mut String, i: usize, f: &Finding) {
     ];
     for (k, v) in rows {
         let _ = write!(s, "<tr><th>{k}</th><td>{}</td></tr>", escape(&v));
+    }
+    if let Some(l) = &f.localisation {
+        let _ = write!(
+            s,
+            "<tr><th>localisation</th><td>{}<pre>{}</pre></td></tr>",
+            escape(&l.sentence()),
+            escape(&l.record.join("\n"))
+        );
+    } else if let Some(why) = &f.localisation_skipped {
+        let _ = write!(
+            s,
+            "<tr><th>localisation</th><td>not localised: {}</td></tr>",
+            escape(why)
+        );
     }
     s.push_str("</table>");
     let _ = write!(s, "<pre>{}</pre>", escape(&f.replay_command));

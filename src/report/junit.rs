@@ -88,6 +88,11 @@ pub fn junit_xml(report: &Report) -> String {
                 if let Some(file) = &f.case_file {
                     text.push_str(&format!("case file: {file}\n"));
                 }
+                if let Some(l) = &f.localisation {
+                    text.push_str(&format!("localised: {}\n", l.sentence()));
+                } else if let Some(why) = &f.localisation_skipped {
+                    text.push_str(&format!("not localised: {why}\n"));
+                }
                 text.push_str(&format!("replay: {}\n", f.replay_command));
                 status.set_description(text);
                 let mut tc = TestCase::new(format!("{}: {}", f.class_name(), f.signature), status);
@@ -97,6 +102,9 @@ pub fn junit_xml(report: &Report) -> String {
             if findings.is_empty() {
                 suite.add_test_case(clean_case(&kernel, &stats, &classname, profile));
             }
+        }
+        for tc in property_cases(report, &kernel, &stats) {
+            suite.add_test_case(tc);
         }
         junit.add_test_suite(suite);
     }
@@ -150,4 +158,31 @@ fn clean_case(kernel: &str, stats: &KernelStats, classname: &str, profile: &str)
     tc.set_time(secs(stats.kernel_secs));
     tc.set_system_out(kernel_headline(kernel, stats));
     tc
+}
+
+/// One test case per property checked on `kernel`: it fails only when the property is
+/// broken and required (`--require`); otherwise its output is the property's verdict.
+fn property_cases(report: &Report, kernel: &str, stats: &KernelStats) -> Vec<TestCase> {
+    use crate::property::{verdict_line, Property};
+    let mut v = Vec::new();
+    for p in Property::ALL {
+        let required = report.required.iter().any(|r| r == p.name());
+        let Some(line) = verdict_line(kernel, &stats.properties, p, required) else {
+            continue;
+        };
+        let t = stats.properties.tally(p);
+        let status = if t.broken > 0 && required {
+            let mut s = TestCaseStatus::non_success(NonSuccessKind::Failure);
+            s.set_message(line.clone());
+            s.set_type(p.class().name());
+            s
+        } else {
+            TestCaseStatus::success()
+        };
+        let mut tc = TestCase::new(format!("property: {}", p.name()), status);
+        tc.set_classname(format!("mqa-fuzz.{kernel}.properties"));
+        tc.set_system_out(line);
+        v.push(tc);
+    }
+    v
 }

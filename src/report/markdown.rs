@@ -126,6 +126,7 @@ pub fn summary_md(r: &Report) -> String {
             );
         }
     }
+    properties_md(&mut s, r);
     if !r.findings.is_empty() {
         let _ = writeln!(s, "\n## {}\n", crate::report::headline::bugs_line(r));
         let _ = writeln!(s, "{}\n", crate::report::headline::guard_by_tier(r));
@@ -154,6 +155,30 @@ pub fn summary_md(r: &Report) -> String {
                 f.replay_command.replace('|', "\\|")
             );
         }
+        let located: Vec<String> = r
+            .findings
+            .iter()
+            .take(MAX_LISTED)
+            .filter_map(|f| {
+                let what = match (&f.localisation, &f.localisation_skipped) {
+                    (Some(l), _) => format!("localised: {}", l.sentence()),
+                    (None, Some(why)) => format!("not localised: {why}"),
+                    _ => return None,
+                };
+                Some(format!(
+                    "- `{}` {}: {}",
+                    f.kernel,
+                    f.class_name(),
+                    what.replace('|', "\\|")
+                ))
+            })
+            .collect();
+        if !located.is_empty() {
+            let _ = writeln!(s, "\n### Where it crashed (compute-sanitizer)\n");
+            for l in located {
+                let _ = writeln!(s, "{l}");
+            }
+        }
         if r.findings.len() > MAX_LISTED {
             let _ = writeln!(
                 s,
@@ -178,4 +203,45 @@ pub fn summary_md(r: &Report) -> String {
         "\nDetails and pictures: `index.html`; machine-readable: `report.json`, `junit.xml`."
     );
     s
+}
+
+/// The properties section (DESIGN §7): the verdict lines and a table per kernel.
+fn properties_md(s: &mut String, r: &Report) {
+    use crate::property::Property;
+    let lines = super::headline::property_lines(r);
+    if lines.is_empty() {
+        return;
+    }
+    let required = if r.required.is_empty() {
+        "none required: violations are reported here, not as findings (`--require` makes them findings)".to_string()
+    } else {
+        format!("required: {}", r.required.join(", "))
+    };
+    let _ = writeln!(s, "\n## Properties\n\n{required}.\n");
+    for l in &lines {
+        let _ = writeln!(s, "> {l}  ");
+    }
+    let _ = writeln!(
+        s,
+        "\n| kernel | property | checked | held | broken | not checked | extra runs |"
+    );
+    let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|");
+    for (name, k) in &r.per_kernel {
+        for p in Property::ALL {
+            let t = k.properties.tally(p);
+            if t.checked + t.skipped == 0 {
+                continue;
+            }
+            let _ = writeln!(
+                s,
+                "| `{name}` | {} | {} | {} | {} | {} | {} |",
+                p.name(),
+                group(t.checked),
+                group(t.held),
+                group(t.broken),
+                group(t.skipped),
+                group(t.runs)
+            );
+        }
+    }
 }

@@ -31,6 +31,9 @@ pub struct Report {
     pub shard: Option<Shard>,
     pub budget_secs: Option<f64>,
     pub max_cases: Option<u64>,
+    /// Properties whose violation is a finding (`--require`): `deterministic`,
+    /// `batch-invariant`.
+    pub required: Vec<String>,
     pub counts: Counts,
     pub per_kernel: BTreeMap<String, KernelStats>,
     pub findings: Vec<Finding>,
@@ -104,6 +107,9 @@ pub struct KernelStats {
     /// What the production-profile cases whose guard verdict counts were: the population
     /// the verdict speaks for.
     pub population: Population,
+    /// Determinism and batch invariance (DESIGN §7), checked where `--repeat` /
+    /// `--batch-invariance` say; findings only under `--require`.
+    pub properties: crate::property::PropertyStats,
 }
 
 /// The smallest and largest value seen (`None` before the first).
@@ -310,6 +316,12 @@ pub struct Finding {
     #[serde(with = "verdict_json")]
     pub verdict: Verdict,
     pub picture: Option<ClassMap>,
+    /// Where a crash happened, from compute-sanitizer memcheck's first error record on
+    /// the shrunk case (initcheck for `unwritten` under `--sanitize initcheck`).
+    pub localisation: Option<crate::finding::sanitizer::Localisation>,
+    /// Why the finding was not localised (tool missing, CPU kernel, no record), when a
+    /// localisation was asked for and is absent.
+    pub localisation_skipped: Option<String>,
     /// Counts of `|err| / bound` per bin, see [`crate::report::picture::HISTOGRAM_BINS`].
     pub error_histogram: Vec<u64>,
 }

@@ -94,6 +94,7 @@ impl AddAssign<&KernelStats> for KernelStats {
                 .merge(t);
         }
         self.population.merge(&k.population);
+        self.properties.merge(&k.properties);
         self.max_err_over_bound = max_ratio(self.max_err_over_bound, k.max_err_over_bound);
     }
 }

@@ -13,6 +13,7 @@ use crate::kernel::cpu::DeviceView;
 use crate::kernel::plant::Plant;
 use crate::kernel::{Capabilities, Kernel, OutputBuffer, RunError, RunInfo};
 use rayon::prelude::*;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 /// Tokens per chunk (DeepGEMM's split size; AITER's default ChunkK).
@@ -27,6 +28,18 @@ pub struct ChunkedKernel {
     /// Plain loop over V(r) instead of chunks and schedule.
     naive: bool,
     caps: Capabilities,
+    /// Runs so far (the nondeterministic plant's order follows it).
+    runs: AtomicU64,
+}
+
+/// How one logit's head sum is ordered. The default (heads in order, one partial) is
+/// the clean kernel's; the property plants change it, never the terms.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct HeadOrder {
+    /// Heads summed last to first.
+    reverse: bool,
+    /// The head sum is cut here into two partials added at the end (0: not cut).
+    split: usize,
 }
 
 impl ChunkedKernel {
@@ -48,6 +61,7 @@ impl ChunkedKernel {
             plants,
             naive: false,
             caps: Capabilities::everything(ScalePlacement::AfterReluSum),
+            runs: AtomicU64::new(0),
         }
     }
 
@@ -57,6 +71,7 @@ impl ChunkedKernel {
             plants: Vec::new(),
             naive: true,
             caps: Capabilities::everything(ScalePlacement::AfterReluSum),
+            runs: AtomicU64::new(0),
         }
     }
 
@@ -190,12 +205,11 @@ impl ChunkedKernel {
     }
 
     /// The f32 logit of one row against one key. Eight partial sums per dot (any order
-    /// is within the f32 bound, and this one vectorizes).
-    fn logit(&self, q: &[f32], w: &[f32], key: &Key, head_dim: usize) -> f32 {
+    /// is within the f32 bound, and this one vectorizes); the head sum in `order`.
+    fn logit(&self, q: &[f32], w: &[f32], key: &Key, head_dim: usize, order: HeadOrder) -> f32 {
         let inside = self.caps.scale_placement == ScalePlacement::InsideRelu
             || self.has(Plant::ScaleBeforeRelu);
-        let mut acc = 0f32;
-        for (h, &wh) in w.iter().enumerate() {
+        let term = |h: usize| {
             let qh = &q[h * head_dim..(h + 1) * head_dim];
             let mut lanes = [0f32; 8];
             for (qc, kc) in qh.chunks_exact(8).zip(key.k.chunks_exact(8)) {
@@ -206,13 +220,51 @@ impl ChunkedKernel {
             let dot = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5]))
                 + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
             let x = if inside { dot * key.scale } else { dot };
-            acc += wh * relu32(x);
-        }
+            w[h] * relu32(x)
+        };
+        let sum = |heads: std::ops::Range<usize>| {
+            let mut acc = 0f32;
+            if order.reverse {
+                for h in heads.rev() {
+                    acc += term(h);
+                }
+            } else {
+                for h in heads {
+                    acc += term(h);
+                }
+            }
+            acc
+        };
+        let heads = w.len();
+        let acc = if order.split > 0 && order.split < heads {
+            sum(0..order.split) + sum(order.split..heads)
+        } else {
+            sum(0..heads)
+        };
         if inside {
             acc
         } else {
             acc * key.scale
         }
+    }
+
+    /// The head order of this run of `case`: the clean kernel's, unless a property
+    /// plant changes it (`run`: this kernel's run counter before the run).
+    fn head_order(&self, case: &Case, run: u64) -> HeadOrder {
+        let mut o = HeadOrder::default();
+        if self.has(Plant::Nondeterministic) {
+            // Partials combined in arrival order: another order every other run.
+            o.reverse = run % 2 == 1;
+        }
+        if self.has(Plant::BatchVariant) {
+            // Split where the whole batch's work says: a sequence's order depends on
+            // its neighbours' lengths.
+            let total: usize = (0..case.shape.batch)
+                .map(|b| self.believed_seq_tokens(case, b))
+                .sum();
+            o.split = total % case.shape.heads.max(1);
+        }
+        o
     }
 
     fn decoded_q(&self, case: &Case, r: usize) -> Vec<f32> {
@@ -239,6 +291,7 @@ impl ChunkedKernel {
                             w,
                             &self.load_key(case, &dev, r / s.next_n, t)?,
                             s.head_dim,
+                            HeadOrder::default(),
                         ))
                     })
                     .collect()
@@ -252,9 +305,10 @@ impl ChunkedKernel {
         Ok(())
     }
 
-    fn run_chunked(&self, case: &Case, out: &mut OutputBuffer) -> Result<(), RunError> {
+    fn run_chunked(&self, case: &Case, out: &mut OutputBuffer, run: u64) -> Result<(), RunError> {
         let s = &case.shape;
         let n = s.next_n;
+        let order = self.head_order(case, run);
         let dev = DeviceView::new(case);
         let sched = self.schedule(case);
         let qs: Vec<Vec<f32>> = (0..case.rows()).map(|r| self.decoded_q(case, r)).collect();
@@ -289,6 +343,7 @@ impl ChunkedKernel {
                                 &case.weights[r * s.heads..(r + 1) * s.heads],
                                 &key,
                                 s.head_dim,
+                                order,
                             );
                         }
                     }
@@ -357,10 +412,11 @@ impl Kernel for ChunkedKernel {
 
     fn run(&self, case: &Case, out: &mut OutputBuffer) -> Result<RunInfo, RunError> {
         let start = Instant::now();
+        let run = self.runs.fetch_add(1, Ordering::Relaxed);
         if self.naive {
             self.run_naive(case, out)?;
         } else {
-            self.run_chunked(case, out)?;
+            self.run_chunked(case, out, run)?;
         }
         Ok(RunInfo {
             kernel_time: Some(start.elapsed()),

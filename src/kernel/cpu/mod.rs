@@ -28,7 +28,7 @@ pub fn entries() -> Vec<KernelEntry> {
             planted_bug: false,
         },
     ];
-    for p in Plant::ALL {
+    for p in Plant::every() {
         v.push(KernelEntry {
             name: format!("cpu:bug-{}", p.name()),
             description: format!("planted bug: {}", p.describe()),

@@ -58,7 +58,7 @@ impl Variant {
 
     pub fn all() -> Vec<Variant> {
         let mut v = vec![Variant::Naive, Variant::Tiled(None)];
-        v.extend(Plant::ALL.into_iter().map(|p| Variant::Tiled(Some(p))));
+        v.extend(Plant::every().map(|p| Variant::Tiled(Some(p))));
         v
     }
 

@@ -217,7 +217,10 @@ mod tests {
         for v in Variant::all() {
             assert_eq!(Variant::parse(&v.short_name()), Some(v));
         }
-        assert_eq!(Variant::all().len(), 2 + crate::kernel::Plant::ALL.len());
+        assert_eq!(
+            Variant::all().len(),
+            2 + crate::kernel::Plant::every().count()
+        );
         // Two planted bugs compose: both defines, one name.
         let two = Variant::parse("bug-offset32-kv+scale-before-relu").unwrap();
         assert_eq!(Variant::parse(&two.short_name()), Some(two));
@@ -245,5 +248,11 @@ mod tests {
         let two = Variant::parse("bug-offset32-kv+scale-before-relu").unwrap();
         compile::cubin(compile::Program::Tiled, "sm_90a", &two.defines_for(&case))
             .unwrap_or_else(|e| panic!("{e}"));
+        // The property plants: a device-global launch counter, a batch-derived order.
+        for p in crate::kernel::Plant::PROPERTY {
+            let v = Variant::Tiled(Some(p));
+            compile::cubin(compile::Program::Tiled, "sm_90a", &v.defines_for(&case))
+                .unwrap_or_else(|e| panic!("{}: {e}", v.short_name()));
+        }
     }
 }
