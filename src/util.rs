@@ -95,6 +95,19 @@ pub fn shell_quote(s: &str) -> String {
     }
 }
 
+/// Thousands separators, so that 1234567 logits read at a glance.
+pub fn group(n: u64) -> String {
+    let s = n.to_string();
+    let mut o = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            o.push(',');
+        }
+        o.push(c);
+    }
+    o
+}
+
 #[cfg(test)]
 mod tests {
     use super::shell_quote;

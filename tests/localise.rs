@@ -142,26 +142,21 @@ fn a_gpu_crash_is_localised_from_the_tools_first_record() {
     std::env::set_var("MQA_FUZZ_COMPUTE_SANITIZER", &fake);
     std::env::set_var("MQA_FUZZ_WORKER_EXE", env!("CARGO_BIN_EXE_mqa-fuzz"));
     let k = FakeGpuKernel(kernel::open("cpu:chunked").unwrap().capabilities().clone());
-    let mut f = mqa_fuzz::report::Finding {
-        class: Some(Class::Crash),
-        case_file: Some(d.join("case.json").display().to_string()),
-        ..Default::default()
-    };
-    let line = sanitizer::attach(&mut f, &SanitizeConfig::default(), &k).unwrap();
-    let l = f.localisation.as_ref().expect("localised");
+    let case = d.join("case.json");
+    let l = sanitizer::localise(&SanitizeConfig::default(), Class::Crash, &k, Some(&case))
+        .unwrap()
+        .expect("localised");
     assert_eq!(l.kernel.as_deref(), Some("tiled_logits"));
     assert_eq!((l.thread, l.block), (Some([37, 0, 0]), Some([5, 0, 0])));
     assert_eq!(
         l.nearest_allocation.as_ref().unwrap().distance_bytes,
         2_147_483_584
     );
+    let line = l.sentence();
     assert!(
-        line.contains(
-            "localised: memcheck: Invalid __global__ read of size 16 bytes in tiled_logits+0x1a10"
-        ),
+        line.contains("memcheck: Invalid __global__ read of size 16 bytes in tiled_logits+0x1a10"),
         "{line}"
     );
-    assert!(f.localisation_skipped.is_none());
     // The replay ran in this process's binary, the CUDA kernel in-process.
     let args = std::fs::read_to_string(d.join("args")).unwrap();
     assert!(
@@ -169,6 +164,11 @@ fn a_gpu_crash_is_localised_from_the_tools_first_record() {
         "{args}"
     );
     // The JSON carries it under `localisation`.
+    let f = mqa_fuzz::report::Finding {
+        class: Some(Class::Crash),
+        localisation: Some(l),
+        ..Default::default()
+    };
     let j = serde_json::to_value(&f).unwrap();
     assert_eq!(j["localisation"]["access"], "read");
     assert_eq!(
@@ -176,13 +176,14 @@ fn a_gpu_crash_is_localised_from_the_tools_first_record() {
         "before"
     );
     // An `unwritten` finding is localised only under --sanitize initcheck.
-    let mut u = mqa_fuzz::report::Finding {
-        class: Some(Class::Unwritten),
-        ..f.clone()
-    };
-    u.localisation = None;
-    assert!(sanitizer::attach(&mut u, &SanitizeConfig::default(), &k).is_none());
+    let none = sanitizer::localise(
+        &SanitizeConfig::default(),
+        Class::Unwritten,
+        &k,
+        Some(&case),
+    );
+    assert!(none.unwrap().is_none());
     let ic = SanitizeConfig::parse("memcheck,initcheck").unwrap();
-    assert!(sanitizer::attach(&mut u, &ic, &k).is_some());
-    assert_eq!(u.localisation.unwrap().tool, "initcheck");
+    let u = sanitizer::localise(&ic, Class::Unwritten, &k, Some(&case)).unwrap();
+    assert_eq!(u.unwrap().tool, "initcheck");
 }

@@ -10,7 +10,7 @@ use super::engine::divergent_verdict;
 use super::event::{Event, Source};
 use super::save::{replay_command, save_finding, SaveRequest};
 use super::shrink::{self, Shrunk};
-use super::subject::{ablation_outcome, same_bug_classes, smaller};
+use super::subject::{ablation_outcome, localise, same_bug_classes, smaller};
 pub(super) use super::subject::{Ctx, Evidence, Failure, Subject};
 use super::Detection;
 use crate::case::Case;
@@ -304,18 +304,15 @@ impl Book {
             false
         } else {
             let kernels = subject.kernels();
-            let case_file = save_finding(
-                cfg,
-                &SaveRequest {
-                    kernels: &kernels,
-                    class,
-                    sig: &key,
-                    seed,
-                    k,
-                    shrunk: &shrunk,
-                },
-                ctx.progress,
-            );
+            let request = SaveRequest {
+                kernels: &kernels,
+                class,
+                sig: &key,
+                seed,
+                k,
+                shrunk: &shrunk,
+            };
+            let case_file = save_finding(cfg, &request, ctx.progress);
             let mut finding = self.finding(
                 ctx,
                 &subject,
@@ -326,8 +323,7 @@ impl Book {
                 Some(seed),
             );
             if let Subject::Kernel(k) = subject {
-                let note = crate::finding::sanitizer::attach(&mut finding, &cfg.sanitize, k);
-                note.inspect(|l| ctx.progress.println(l));
+                localise(ctx, &mut finding, k);
             }
             match same {
                 Some((i, true)) => {

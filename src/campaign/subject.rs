@@ -151,3 +151,30 @@ pub(super) struct Ctx<'a, 'e> {
     pub started: Instant,
     pub deadline: Option<Instant>,
 }
+
+/// Localises a new crash (or, on request, unwritten) finding of `kernel` under
+/// compute-sanitizer from its saved case, and records the outcome on it: the first
+/// error record, or why there is none.
+pub(super) fn localise(
+    ctx: &mut Ctx,
+    finding: &mut crate::report::Finding,
+    kernel: &dyn crate::kernel::Kernel,
+) {
+    use crate::finding::sanitizer;
+    let Some(class) = finding.class else {
+        return;
+    };
+    let file = finding.case_file.as_deref().map(std::path::Path::new);
+    match sanitizer::localise(&ctx.engine.cfg.sanitize, class, kernel, file) {
+        Ok(None) => {}
+        Ok(Some(l)) => {
+            ctx.progress
+                .println(&format!("  localised: {}", l.sentence()));
+            finding.localisation = Some(l);
+        }
+        Err(why) => {
+            ctx.progress.println(&format!("  not localised: {why}"));
+            finding.localisation_skipped = Some(why);
+        }
+    }
+}

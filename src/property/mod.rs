@@ -572,7 +572,7 @@ pub fn verdict_line(
     } else {
         String::new()
     };
-    let g = crate::report::headline::group;
+    let g = crate::util::group;
     Some(if t.broken == 0 {
         format!(
             "{kernel}: {words} on {}/{} cases ({how}){skipped}",

@@ -3,18 +3,7 @@
 
 use super::model::{KernelStats, Population, Report, Span};
 
-/// Thousands separators, so that 1234567 logits read at a glance.
-pub fn group(n: u64) -> String {
-    let s = n.to_string();
-    let mut o = String::new();
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i).is_multiple_of(3) {
-            o.push(',');
-        }
-        o.push(c);
-    }
-    o
-}
+pub use crate::util::group;
 
 fn plural(n: u64, one: &str, many: &str) -> String {
     format!("{} {}", group(n), if n == 1 { one } else { many })

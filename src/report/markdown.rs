@@ -155,30 +155,7 @@ pub fn summary_md(r: &Report) -> String {
                 f.replay_command.replace('|', "\\|")
             );
         }
-        let located: Vec<String> = r
-            .findings
-            .iter()
-            .take(MAX_LISTED)
-            .filter_map(|f| {
-                let what = match (&f.localisation, &f.localisation_skipped) {
-                    (Some(l), _) => format!("localised: {}", l.sentence()),
-                    (None, Some(why)) => format!("not localised: {why}"),
-                    _ => return None,
-                };
-                Some(format!(
-                    "- `{}` {}: {}",
-                    f.kernel,
-                    f.class_name(),
-                    what.replace('|', "\\|")
-                ))
-            })
-            .collect();
-        if !located.is_empty() {
-            let _ = writeln!(s, "\n### Where it crashed (compute-sanitizer)\n");
-            for l in located {
-                let _ = writeln!(s, "{l}");
-            }
-        }
+        localisation_md(&mut s, r);
         if r.findings.len() > MAX_LISTED {
             let _ = writeln!(
                 s,
@@ -203,6 +180,34 @@ pub fn summary_md(r: &Report) -> String {
         "\nDetails and pictures: `index.html`; machine-readable: `report.json`, `junit.xml`."
     );
     s
+}
+
+/// Where the findings crashed, as compute-sanitizer saw it (or why it did not).
+fn localisation_md(s: &mut String, r: &Report) {
+    let located: Vec<String> = r
+        .findings
+        .iter()
+        .take(MAX_LISTED)
+        .filter_map(|f| {
+            let what = match (&f.localisation, &f.localisation_skipped) {
+                (Some(l), _) => format!("localised: {}", l.sentence()),
+                (None, Some(why)) => format!("not localised: {why}"),
+                _ => return None,
+            };
+            Some(format!(
+                "- `{}` {}: {}",
+                f.kernel,
+                f.class_name(),
+                what.replace('|', "\\|")
+            ))
+        })
+        .collect();
+    if !located.is_empty() {
+        let _ = writeln!(s, "\n### Where it crashed (compute-sanitizer)\n");
+        for l in located {
+            let _ = writeln!(s, "{l}");
+        }
+    }
 }
 
 /// The properties section (DESIGN §7): the verdict lines and a table per kernel.
