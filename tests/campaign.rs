@@ -4,28 +4,11 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_mqa-fuzz")
-}
+mod support;
+use support::binary::{bin, run, scratch};
 
 fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("mqa-campaign-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn run(dir: &Path, args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(bin())
-        .current_dir(dir)
-        .args(args)
-        .output()
-        .expect("run mqa-fuzz");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    scratch("campaign", name)
 }
 
 fn json_files(dir: &Path) -> Vec<PathBuf> {

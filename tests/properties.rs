@@ -13,7 +13,9 @@ use mqa_fuzz::oracle::Class;
 use mqa_fuzz::property::{batch, determinism, Outcome};
 use proptest::strategy::ValueTree;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+
+mod support;
+use support::binary::{run, scratch};
 
 fn first_run(k: &dyn Kernel, case: &Case) -> OutputBuffer {
     let mut out = OutputBuffer::for_case(case);
@@ -141,28 +143,8 @@ fn a_nondeterministic_kernel_is_not_also_called_batch_variant() {
 
 // ---- campaigns through the binary ----
 
-fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_mqa-fuzz")
-}
-
 fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("mqa-properties-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn run(dir: &Path, args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(bin())
-        .current_dir(dir)
-        .args(args)
-        .output()
-        .expect("run mqa-fuzz");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    scratch("properties", name)
 }
 
 fn report(dir: &Path) -> serde_json::Value {

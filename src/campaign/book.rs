@@ -110,41 +110,21 @@ impl Book {
             judgement,
         } = ev;
         let kernels = &ctx.engine.kernels;
-        let mut failed = false;
+        // Every failure of the case: a kernel's own verdict, or the first disagreement.
+        let mut failures: Vec<(Subject, Verdict, String)> = Vec::new();
         for (kern, run) in kernels.iter().zip(&judgement.runs) {
-            if run.verdict.primary_class().is_none() {
-                continue;
-            }
-            failed = true;
-            let subject = Subject::Kernel(kern.as_ref());
-            match source {
-                Source::Generated(done) => {
-                    let g = &done.generated;
-                    let failure = Failure {
-                        recipe: g.recipe.clone(),
-                        case: (*case).clone(),
-                        verdict: run.verdict.clone(),
-                        origin: Some((g.k, g.seed)),
-                        parent: None,
-                    };
-                    self.file(ctx, subject, failure);
-                }
-                Source::Corpus { path, file } => {
-                    ctx.progress.println(&format!(
-                        "corpus {}: {} {}",
-                        path.display(),
-                        kern.name(),
-                        run.verdict
-                    ));
-                    self.replayed(ctx, subject, path, file, run.verdict.clone());
-                }
+            if run.verdict.primary_class().is_some() {
+                let line = format!("{} {}", kern.name(), run.verdict);
+                failures.push((Subject::Kernel(kern.as_ref()), run.verdict.clone(), line));
             }
         }
-        failed |= self.file_properties(ctx, source, case, judgement);
         if let Some((bi, msg)) = &judgement.divergence {
-            failed = true;
             let subject = Subject::Pair(kernels[0].as_ref(), kernels[*bi].as_ref());
-            let verdict = divergent_verdict(msg);
+            let line = format!("{} divergent: {msg}", subject.name());
+            failures.push((subject, divergent_verdict(msg), line));
+        }
+        let mut failed = !failures.is_empty();
+        for (subject, verdict, line) in failures {
             match source {
                 Source::Generated(done) => {
                     let g = &done.generated;
@@ -158,15 +138,13 @@ impl Book {
                     self.file(ctx, subject, failure);
                 }
                 Source::Corpus { path, file } => {
-                    ctx.progress.println(&format!(
-                        "corpus {}: {} divergent: {msg}",
-                        path.display(),
-                        subject.name()
-                    ));
+                    ctx.progress
+                        .println(&format!("corpus {}: {line}", path.display()));
                     self.replayed(ctx, subject, path, file, verdict);
                 }
             }
         }
+        failed |= self.file_properties(ctx, source, case, judgement);
         failed
     }
 

@@ -81,15 +81,7 @@ fn judge_guards(v: &mut Verdict, out: &OutputBuffer, cfg: &OracleConfig) {
         out.row_stride,
         out.cols
     );
-    let ex = Offender {
-        class: Class::OobWrite,
-        row: None,
-        pos: None,
-        expected: None,
-        got: None,
-        bound: None,
-        detail: Some(detail),
-    };
+    let ex = Offender::case_level(Class::OobWrite, detail);
     v.add(
         Class::OobWrite,
         oob.len() as u64,

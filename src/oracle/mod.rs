@@ -96,6 +96,22 @@ pub struct Offender {
     pub detail: Option<String>,
 }
 
+impl Offender {
+    /// An offender of the whole case or output (no element): a crash, a guard-zone
+    /// write, a divergence; `detail` says what and where.
+    pub fn case_level(class: Class, detail: String) -> Offender {
+        Offender {
+            class,
+            row: None,
+            pos: None,
+            expected: None,
+            got: None,
+            bound: None,
+            detail: Some(detail),
+        }
+    }
+}
+
 /// Would `nan_to_num_(-inf)` after the kernel change anything in V(r)?
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct GuardVerdict {
@@ -190,15 +206,7 @@ impl Verdict {
         self.add(
             class,
             1,
-            Some(Offender {
-                class,
-                row: None,
-                pos: None,
-                expected: None,
-                got: None,
-                bound: None,
-                detail: Some(detail),
-            }),
+            Some(Offender::case_level(class, detail)),
             usize::MAX,
         );
     }

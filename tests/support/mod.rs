@@ -6,6 +6,7 @@
 //! they can run.
 #![allow(dead_code)]
 
+pub mod binary;
 pub mod skip;
 
 use mqa_fuzz::case::Case;
