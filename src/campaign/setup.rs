@@ -27,15 +27,16 @@ fn environment(command_line: &str) -> report::Environment {
     }
 }
 
-/// Fails before the campaign starts when the report directory cannot take a file (read
-/// only, full disk, not a directory), instead of after hours of fuzzing.
-fn check_writable(dir: &Path) -> Result<(), Fatal> {
+/// Fails before the campaign starts when `dir` (the `what` directory: report, corpus)
+/// cannot take a file (read only, full disk, not a directory), instead of after hours
+/// of fuzzing.
+fn check_writable(dir: &Path, what: &str) -> Result<(), Fatal> {
     let probe = dir.join(".mqa-fuzz-write-probe");
     crate::util::write_atomic(&probe, b"probe\n")
         .and_then(|()| std::fs::remove_file(&probe))
         .map_err(|e| {
             Fatal::usage(format!(
-                "{}: report directory is not writable: {e}",
+                "{}: {what} directory is not writable: {e}",
                 dir.display()
             ))
         })
@@ -57,15 +58,7 @@ fn check_corpus_dir(dir: &Path) -> Result<(), Fatal> {
             dir.display()
         ))
     })?;
-    let probe = dir.join(".mqa-fuzz-write-probe");
-    crate::util::write_atomic(&probe, b"probe\n")
-        .and_then(|()| std::fs::remove_file(&probe))
-        .map_err(|e| {
-            Fatal::usage(format!(
-                "{}: corpus directory is not writable: {e}",
-                dir.display()
-            ))
-        })
+    check_writable(dir, "corpus")
 }
 
 /// Opens the kernels, checks the directories, loads the corpus to replay and decides
@@ -98,7 +91,7 @@ pub(super) fn start(
             cfg.report_dir.display()
         ))
     })?;
-    check_writable(&cfg.report_dir)?;
+    check_writable(&cfg.report_dir, "report")?;
     interrupt::install();
 
     let full_size = kernels.iter().any(|k| k.on_accelerator());
