@@ -159,6 +159,75 @@ pub enum RunError {
     Environment(String),
 }
 
+/// A case field a library specialises (JIT-compiles) its kernel on: DeepGEMM compiles
+/// per heads, head dim, next_n and block size; Triton per constexpr set. A kernel
+/// declares its compile key (`Kernel::compile_key`, a worker's `compile_key` in its
+/// hello); campaigns then run cases in shape epochs (many cases per key before the next)
+/// and report a key's first call (compile included) apart from the rest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CompileField {
+    NextN,
+    Heads,
+    HeadDim,
+    BlockSize,
+    Layout,
+    Format,
+    /// Whether `context_lens` is 2-D (`[B, N]`).
+    Lens2d,
+}
+
+impl CompileField {
+    pub const ALL: [CompileField; 7] = [
+        CompileField::NextN,
+        CompileField::Heads,
+        CompileField::HeadDim,
+        CompileField::BlockSize,
+        CompileField::Layout,
+        CompileField::Format,
+        CompileField::Lens2d,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            CompileField::NextN => "next_n",
+            CompileField::Heads => "heads",
+            CompileField::HeadDim => "head_dim",
+            CompileField::BlockSize => "block_size",
+            CompileField::Layout => "layout",
+            CompileField::Format => "format",
+            CompileField::Lens2d => "lens_2d",
+        }
+    }
+
+    /// This field's value in `case`, as text.
+    pub fn value(self, case: &Case) -> String {
+        let s = &case.shape;
+        match self {
+            CompileField::NextN => s.next_n.to_string(),
+            CompileField::Heads => s.heads.to_string(),
+            CompileField::HeadDim => s.head_dim.to_string(),
+            CompileField::BlockSize => s.block_size.to_string(),
+            CompileField::Layout => s.layout.name().to_string(),
+            CompileField::Format => s.format.name().to_string(),
+            CompileField::Lens2d => case.context_lens.is_2d().to_string(),
+        }
+    }
+}
+
+/// The compile key of `case` under `fields` (`heads=64 head_dim=128`); `None` when the
+/// kernel declares none.
+pub fn compile_key_of(fields: &[CompileField], case: &Case) -> Option<String> {
+    if fields.is_empty() {
+        return None;
+    }
+    let parts: Vec<String> = fields
+        .iter()
+        .map(|f| format!("{}={}", f.name(), f.value(case)))
+        .collect();
+    Some(parts.join(" "))
+}
+
 /// A kernel under test.
 pub trait Kernel: Send + Sync {
     /// Full name as given on the command line (`cpu:chunked`, `cuda:tiled`, `exec:...`).
@@ -177,6 +246,11 @@ pub trait Kernel: Send + Sync {
     /// then run at an engine's full size; CPU kernels get them scaled (`--scale`).
     fn on_accelerator(&self) -> bool {
         false
+    }
+    /// The case fields the kernel is compiled for (see [`CompileField`]); empty: one
+    /// build serves every case.
+    fn compile_key(&self) -> &[CompileField] {
+        &[]
     }
     /// Runs the case into `out` (poisoned, guarded, owned by the harness).
     fn run(&self, case: &Case, out: &mut OutputBuffer) -> Result<RunInfo, RunError>;

@@ -19,7 +19,7 @@ pub mod plant;
 pub mod registry;
 
 pub use contract::{
-    Accumulation, BlockSizes, Capabilities, Kernel, KernelEntry, OpenError, OutsideContract,
+    compile_key_of, Accumulation, BlockSizes, Capabilities, CompileField, Kernel, KernelEntry, OpenError, OutsideContract,
     RunError, RunInfo,
 };
 pub use output::{OutputBuffer, GUARD_ELEMS, POISON_BITS};

@@ -611,6 +611,10 @@ impl Kernel for ExecKernel {
         self.slots.len()
     }
 
+    fn compile_key(&self) -> &[crate::kernel::CompileField] {
+        &self.hello.compile_key
+    }
+
     fn run(&self, case: &Case, out: &mut OutputBuffer) -> Result<RunInfo, RunError> {
         let k = self.take_slot();
         let result = {

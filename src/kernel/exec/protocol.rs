@@ -9,7 +9,7 @@
 use super::safetensors_stream::{self as st, Data};
 use crate::case::{BlockTable, Case, ContextLens, Shape, SparseKvCache, ValueLayout};
 use crate::fp8::Fp8Format;
-use crate::kernel::{Capabilities, OutputBuffer, RunError, RunInfo, GUARD_ELEMS};
+use crate::kernel::{Capabilities, CompileField, OutputBuffer, RunError, RunInfo, GUARD_ELEMS};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 use std::time::Duration;
@@ -29,6 +29,10 @@ pub struct Hello {
     /// Where it runs (`NVIDIA H200 (sm90)`, `cpu`).
     pub device: String,
     pub capabilities: Capabilities,
+    /// The case fields the library compiles its kernel for (optional; see
+    /// [`crate::kernel::CompileField`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub compile_key: Vec<CompileField>,
 }
 
 /// Why a worker could not run a case (the `kind` of an `error` line).

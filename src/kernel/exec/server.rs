@@ -104,6 +104,7 @@ pub fn serve(
         version: k.version(),
         device,
         capabilities: k.capabilities().clone(),
+        compile_key: k.compile_key().to_vec(),
     };
     send(&mut out, &WorkerLine::Hello(Box::new(hello))).map_err(io)?;
     let stdin = std::io::stdin();
