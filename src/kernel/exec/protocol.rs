@@ -482,6 +482,7 @@ mod tests {
             version: "v".into(),
             device: "cpu".into(),
             capabilities: caps,
+            compile_key: vec![CompileField::Heads, CompileField::Lens2d],
         };
         let line = WorkerLine::Hello(Box::new(h.clone())).to_line();
         assert_eq!(parse_hello(&line).unwrap(), h);
