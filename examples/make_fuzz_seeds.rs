@@ -70,6 +70,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         version: "0.1.0".into(),
         device: "cpu".into(),
         capabilities: caps,
+        compile_key: Vec::new(),
     }));
     let small = OutputBuffer::new(2, 3, 4);
     let out_path = tmp.join("out.st");
