@@ -53,7 +53,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let case_path = tmp.join("case.st");
         let outbuf = OutputBuffer::for_case(&file.case);
         protocol::write_case_file(&case_path, &file.case, &outbuf)?;
-        let req = RunRequest::new(i as u64, &file.case, &case_path, &tmp.join("out.st"));
+        let out = tmp.join("out.st");
+        let transport = protocol::Transport::Files {
+            case: &case_path,
+            output: &out,
+        };
+        let req = RunRequest::new(i as u64, &file.case, transport);
         let mut seed = req.to_line().into_bytes();
         let bytes = std::fs::read(&case_path)?;
         if bytes.len() <= 64 << 10 {
@@ -77,7 +82,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     protocol::write_output(&out_path, &small)?;
     let mut result = WorkerLine::Result {
         id: 3,
-        output: "out.st".into(),
+        output: Some("out.st".into()),
         kernel_time_us: Some(12.5),
         inputs_intact: Some(true),
         device_bytes: Some(4096),

@@ -36,7 +36,21 @@ fn start(kernel: &str, fault: Option<&str>, timeout: Duration) -> ExecKernel {
 
 #[test]
 fn served_kernel_matches_in_process_bit_for_bit() {
-    let k = start("cpu:chunked", None, Duration::from_secs(60));
+    for protocol in [2, 1] {
+        served_kernel_matches_over(protocol);
+    }
+}
+
+/// Protocol 2 (shared memory) and protocol 1 (files) carry the same bytes.
+fn served_kernel_matches_over(protocol: u64) {
+    let mut cfg = ExecConfig::new(worker_cmd("cpu:chunked", None));
+    cfg.protocols = vec![protocol];
+    let k = ExecKernel::start("exec:cpu:chunked", cfg).expect("worker starts");
+    assert_eq!(
+        k.hello().protocol,
+        protocol,
+        "the worker speaks what was offered"
+    );
     let direct = kernel::open("cpu:chunked").unwrap();
     assert_eq!(k.capabilities(), direct.capabilities());
     assert_eq!(k.preferred_jobs(), 1);
@@ -170,11 +184,11 @@ fn version_skew_is_an_environment_error() {
     cfg.handshake_timeout = Duration::from_secs(30);
     match ExecKernel::start("skew", cfg) {
         Err(RunError::Environment(m)) => assert!(
-            m.contains("protocol 2") && m.contains("speaks protocol 1"),
+            m.contains("protocol 3") && m.contains("speaks protocols [1, 2]"),
             "{m}"
         ),
         Err(e) => panic!("expected an environment error, got {e:?}"),
-        Ok(_) => panic!("a worker of protocol 2 was accepted"),
+        Ok(_) => panic!("a worker of protocol 3 was accepted"),
     }
     // Through the registry and the command line: exit 3 with the reason.
     let name = format!("exec:{}", worker_cmd("cpu:chunked", Some("skew")));
@@ -201,7 +215,7 @@ fn version_skew_is_an_environment_error() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(String::from_utf8_lossy(&out.stderr).contains("protocol 2"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("protocol 3"));
 }
 
 #[test]

@@ -481,7 +481,12 @@ fn worker_refuses_kv_block_ids_that_do_not_match_the_blocks() {
     let tmp = tempfile::tempdir().unwrap();
     let path = tmp.path().join("case.st");
     write_case_file(&path, &case, &OutputBuffer::for_case(&case)).unwrap();
-    let req = RunRequest::new(1, &case, &path, &tmp.path().join("out.st"));
+    let out = tmp.path().join("out.st");
+    let transport = mqa_fuzz::kernel::exec::protocol::Transport::Files {
+        case: &path,
+        output: &out,
+    };
+    let req = RunRequest::new(1, &case, transport);
     read_case_file(&req).expect("the untouched file is accepted");
 
     // Rewrite the file with every id given twice, as a [n, 2] tensor.

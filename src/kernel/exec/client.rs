@@ -7,23 +7,26 @@
 //! another request than the one asked is a `crash` of *that case*, reported with the
 //! tail of its stderr; it is killed and a fresh one starts for the next case.
 
-use super::protocol::{self, ErrorKind, Hello, RunRequest, WorkerLine};
+use super::process::{Event, Launch, Source, Worker};
+use super::protocol::{self, ErrorKind, Hello, RunRequest, Transport, WorkerLine};
+use super::shm::{SharedRegion, ShmTensors};
 use crate::case::Case;
 use crate::kernel::{Capabilities, Kernel, OutputBuffer, RunError, RunInfo};
-use std::collections::VecDeque;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::io::Write;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::mpsc::RecvTimeoutError;
+use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-/// Longest protocol line accepted (a hello with long capability strings fits easily).
-const MAX_LINE: u64 = 1 << 20;
-/// Bytes of stderr kept per worker for crash reports.
-const STDERR_TAIL: usize = 8 << 10;
+/// Pauses before each retry of a worker start that failed after a crash (a device
+/// still being torn down, a file system hiccup): about 4 s in all before giving up.
+const RESTART_BACKOFF: [Duration; 4] = [
+    Duration::from_millis(100),
+    Duration::from_millis(400),
+    Duration::from_millis(1000),
+    Duration::from_millis(2500),
+];
 
 /// How to start and supervise the workers.
 #[derive(Clone, Debug)]
@@ -39,6 +42,10 @@ pub struct ExecConfig {
     pub handshake_timeout: Duration,
     /// Copy the workers' stderr to ours as it arrives (otherwise only kept for reports).
     pub forward_stderr: bool,
+    /// Offer workers to run as fork servers (`MQA_FUZZ_FORK_SERVER=1`; PROTOCOL.md §5).
+    pub fork_server: bool,
+    /// The protocol versions offered (`MQA_FUZZ_PROTOCOLS`); a worker must pick one.
+    pub protocols: Vec<u64>,
 }
 
 impl ExecConfig {
@@ -49,6 +56,8 @@ impl ExecConfig {
             case_timeout: Duration::from_secs(120),
             handshake_timeout: Duration::from_secs(120),
             forward_stderr: false,
+            fork_server: true,
+            protocols: protocol::SUPPORTED_PROTOCOLS.to_vec(),
         }
     }
 
@@ -95,6 +104,8 @@ impl ExecConfig {
             }
         }
         c.forward_stderr = std::env::var("MQA_FUZZ_EXEC_STDERR").is_ok_and(|v| v == "1");
+        c.fork_server = !std::env::var("MQA_FUZZ_EXEC_FORK").is_ok_and(|v| v == "0");
+        c.protocols = protocol::offered_protocols()?;
         Ok(c)
     }
 }
@@ -108,205 +119,42 @@ pub fn device_env(device: &str) -> Vec<(String, String)> {
     ]
 }
 
-/// What the stdout reader thread hands over.
-enum Event {
-    Line(String),
-    /// Not a line: too long or not UTF-8.
-    Garbage(String),
-    Eof,
-}
-
-/// One running worker process.
-struct Worker {
-    child: Child,
-    stdin: ChildStdin,
-    lines: Receiver<Event>,
-    stderr: Arc<Mutex<VecDeque<u8>>>,
-    stderr_done: Receiver<()>,
-}
-
-impl Worker {
-    fn spawn(cfg: &ExecConfig, env: &[(String, String)], dir: &Path) -> Result<Worker, RunError> {
-        let mut cmd = Command::new("sh");
-        cmd.arg("-c")
-            .arg(&cfg.command)
-            .envs(env.iter().map(|(k, v)| (k, v)))
-            .env("MQA_FUZZ_WORKER_DIR", dir)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            // Own process group: a kill reaches whatever the shell started.
-            .process_group(0);
-        let mut child = cmd.spawn().map_err(|e| {
-            RunError::Environment(format!(
-                "cannot start worker `sh -c {:?}`: {e}",
-                cfg.command
-            ))
-        })?;
-        let stdin = child.stdin.take().expect("piped stdin");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let mut stderr_pipe = child.stderr.take().expect("piped stderr");
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut r = BufReader::new(stdout);
-            loop {
-                let mut buf = Vec::new();
-                match (&mut r).take(MAX_LINE).read_until(b'\n', &mut buf) {
-                    Ok(0) | Err(_) => {
-                        let _ = tx.send(Event::Eof);
-                        return;
-                    }
-                    Ok(_) if !buf.ends_with(b"\n") && buf.len() as u64 >= MAX_LINE => {
-                        let _ = tx.send(Event::Garbage(format!(
-                            "a line longer than {MAX_LINE} bytes"
-                        )));
-                        return;
-                    }
-                    Ok(_) => {
-                        let ev = match String::from_utf8(buf) {
-                            Ok(s) => Event::Line(s),
-                            Err(e) => Event::Garbage(format!(
-                                "bytes that are not UTF-8: {}",
-                                protocol::clip(&String::from_utf8_lossy(e.as_bytes()))
-                            )),
-                        };
-                        if tx.send(ev).is_err() {
-                            return;
-                        }
-                    }
-                }
-            }
-        });
-        let stderr = Arc::new(Mutex::new(VecDeque::new()));
-        let (done_tx, stderr_done) = mpsc::channel();
-        let tail = Arc::clone(&stderr);
-        let forward = cfg.forward_stderr;
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 4096];
-            while let Ok(n) = stderr_pipe.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                if forward {
-                    let _ = std::io::stderr().write_all(&buf[..n]);
-                }
-                let mut t = tail.lock().unwrap_or_else(|e| e.into_inner());
-                t.extend(&buf[..n]);
-                let excess = t.len().saturating_sub(STDERR_TAIL);
-                t.drain(..excess);
-            }
-            let _ = done_tx.send(());
-        });
-        Ok(Worker {
-            child,
-            stdin,
-            lines,
-            stderr,
-            stderr_done,
-        })
-    }
-
-    /// Waits for the hello line.
-    fn handshake(&mut self, timeout: Duration) -> Result<Hello, RunError> {
-        match self.lines.recv_timeout(timeout) {
-            Ok(Event::Line(l)) => protocol::parse_hello(&l),
-            Ok(Event::Garbage(g)) => Err(RunError::Crash(format!(
-                "worker sent {g} instead of a hello"
-            ))),
-            Ok(Event::Eof) | Err(RecvTimeoutError::Disconnected) => Err(RunError::Environment(
-                "worker exited before its hello".into(),
-            )),
-            Err(RecvTimeoutError::Timeout) => Err(RunError::Environment(format!(
-                "worker sent no hello within {:.0} s",
-                timeout.as_secs_f64()
-            ))),
-        }
-    }
-
-    /// Kills the whole process group and reaps the shell; returns how it ended.
-    /// Kills the worker and waits (briefly) for its stderr to drain, so that
-    /// [`Worker::stderr_tail`] read afterwards holds its last words (a crash reason).
-    fn kill(&mut self) -> String {
-        let pid = self.child.id() as i32;
-        // SAFETY: plain syscall on the process group this worker created (its leader's id).
-        unsafe {
-            libc::kill(-pid, libc::SIGKILL);
-        }
-        let status = self
-            .child
-            .wait()
-            .map(|s| describe_status(&s))
-            .unwrap_or_else(|e| e.to_string());
-        let _ = self.stderr_done.recv_timeout(Duration::from_millis(500));
-        status
-    }
-
-    /// Asks the worker to stop (EOF on stdin), then kills what is left.
-    fn shut_down(self) {
-        let Worker {
-            mut child,
-            stdin,
-            stderr_done,
-            ..
-        } = self;
-        drop(stdin);
-        let deadline = Instant::now() + Duration::from_secs(2);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = child.try_wait() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        // SAFETY: as in `kill`; the group may outlive its leader.
-        unsafe {
-            libc::kill(-(child.id() as i32), libc::SIGKILL);
-        }
-        let _ = child.wait();
-        let _ = stderr_done.recv_timeout(Duration::from_millis(100));
-    }
-
-    fn stderr_tail(&self) -> String {
-        let t = self.stderr.lock().unwrap_or_else(|e| e.into_inner());
-        let bytes: Vec<u8> = t.iter().copied().collect();
-        let text = String::from_utf8_lossy(&bytes);
-        let lines: Vec<&str> = text.lines().collect();
-        let keep = &lines[lines.len().saturating_sub(20)..];
-        keep.join("\n")
-    }
-}
-
-fn describe_status(s: &std::process::ExitStatus) -> String {
-    use std::os::unix::process::ExitStatusExt;
-    match (s.code(), s.signal()) {
-        // `sh -c` reports a child killed by a signal as 128 + signal.
-        (Some(c), _) if c > 128 && c <= 128 + 64 => format!(
-            "exit status {c} (signal {}{})",
-            c - 128,
-            signal_name(c - 128)
-        ),
-        (Some(c), _) => format!("exit status {c}"),
-        (None, Some(sig)) => format!("killed by signal {sig}{}", signal_name(sig)),
-        _ => s.to_string(),
-    }
-}
-
-fn signal_name(sig: i32) -> &'static str {
-    match sig {
-        libc::SIGSEGV => " (SIGSEGV)",
-        libc::SIGABRT => " (SIGABRT)",
-        libc::SIGKILL => " (SIGKILL)",
-        libc::SIGBUS => " (SIGBUS)",
-        libc::SIGFPE => " (SIGFPE)",
-        libc::SIGILL => " (SIGILL)",
-        _ => "",
-    }
-}
-
-/// One pool slot: a worker (started on demand) and its temporary directory.
+/// One pool slot: a worker (started on demand), where it comes from (the command or
+/// its fork server), its temporary directory and its shared region (protocol 2).
 struct Slot {
     env: Vec<(String, String)>,
     dir: PathBuf,
     worker: Option<Worker>,
+    /// The protocol version the current worker speaks.
+    protocol: u64,
+    source: Source,
+    region: Option<SharedRegion>,
+}
+
+impl Slot {
+    fn kill_worker(&mut self) -> Option<(String, String)> {
+        let mut w = self.worker.take()?;
+        let status = w.kill(self.source.server.as_mut());
+        Some((status, w.stderr_tail()))
+    }
+
+    fn shut_down_worker(&mut self) {
+        if let Some(w) = self.worker.take() {
+            w.shut_down(self.source.server.as_mut());
+        }
+    }
+}
+
+/// Restarts of a pool's workers (after crashes), for the report.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RestartStats {
+    pub restarts: u64,
+    /// Starts that failed and were retried.
+    pub retries: u64,
+    pub total_secs: f64,
+    pub max_secs: f64,
+    /// Restarts served by a fork server.
+    pub forked: u64,
 }
 
 /// A kernel that lives in worker processes.
@@ -320,6 +168,8 @@ pub struct ExecKernel {
     free: Mutex<Vec<usize>>,
     freed: Condvar,
     next_id: AtomicU64,
+    offered: Vec<u64>,
+    restarts: Mutex<RestartStats>,
 }
 
 impl ExecKernel {
@@ -327,6 +177,7 @@ impl ExecKernel {
     /// first on capabilities: the generator targets one set).
     pub fn start(name: impl Into<String>, config: ExecConfig) -> Result<ExecKernel, RunError> {
         let name = name.into();
+        let offered = config.protocols.clone();
         let n = config.worker_envs.len().max(1);
         let mut slots = Vec::with_capacity(n);
         let mut hello: Option<Hello> = None;
@@ -338,8 +189,11 @@ impl ExecKernel {
                 env,
                 dir,
                 worker: None,
+                protocol: 1,
+                source: Source::default(),
+                region: None,
             };
-            let h = start_worker(&config, &mut slot, &format!("worker {k}"))?;
+            let h = start_worker(&config, &mut slot, &offered, &format!("worker {k}"))?;
             hellos.push(h.clone());
             match &hello {
                 None => hello = Some(h),
@@ -362,7 +216,61 @@ impl ExecKernel {
             free: Mutex::new((0..n).rev().collect()),
             freed: Condvar::new(),
             next_id: AtomicU64::new(1),
+            offered,
+            restarts: Mutex::new(RestartStats::default()),
         })
+    }
+
+    /// How often workers were restarted, and how long that took.
+    pub fn restart_stats(&self) -> RestartStats {
+        self.restarts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Starts `slot`'s worker again after a crash, retrying with back-off; every failed
+    /// attempt is logged with its stderr tail, and the last one is the error.
+    fn restart(&self, slot: &mut Slot) -> Result<(), RunError> {
+        let t0 = Instant::now();
+        let mut retries = 0;
+        let h = loop {
+            match start_worker(&self.config, slot, &self.offered, "restarted worker") {
+                Ok(h) => break h,
+                Err(e) if retries < RESTART_BACKOFF.len() => {
+                    let pause = RESTART_BACKOFF[retries];
+                    retries += 1;
+                    eprintln!(
+                        "mqa-fuzz: {}: worker restart failed (attempt {retries} of {}), retrying in {:.1} s: {e}",
+                        self.name,
+                        RESTART_BACKOFF.len() + 1,
+                        pause.as_secs_f64()
+                    );
+                    std::thread::sleep(pause);
+                }
+                Err(e) => {
+                    return Err(RunError::Environment(format!(
+                        "the worker could not be restarted ({} attempts over {:.1} s): {e}",
+                        retries + 1,
+                        t0.elapsed().as_secs_f64()
+                    )))
+                }
+            }
+        };
+        let secs = t0.elapsed().as_secs_f64();
+        let mut r = self.restarts.lock().unwrap_or_else(|e| e.into_inner());
+        r.restarts += 1;
+        r.retries += retries as u64;
+        r.total_secs += secs;
+        r.max_secs = r.max_secs.max(secs);
+        r.forked += u64::from(slot.source.server.is_some());
+        drop(r);
+        if !same_contract(&h.capabilities, &self.hello.capabilities) {
+            return Err(RunError::Environment(
+                "a restarted worker declares other capabilities than at start".into(),
+            ));
+        }
+        Ok(())
     }
 
     /// The first worker's handshake.
@@ -397,14 +305,12 @@ impl ExecKernel {
         out: &mut OutputBuffer,
     ) -> Result<RunInfo, RunError> {
         if slot.worker.is_none() {
-            let h = start_worker(&self.config, slot, "restarted worker")?;
-            if !same_contract(&h.capabilities, &self.hello.capabilities) {
-                return Err(RunError::Environment(
-                    "a restarted worker declares other capabilities than at start".into(),
-                ));
-            }
+            self.restart(slot)?;
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        if slot.protocol >= 2 {
+            return self.run_shm(slot, id, case, out);
+        }
         let case_path = slot.dir.join(format!("case-{id}.safetensors"));
         let out_path = slot.dir.join(format!("out-{id}.safetensors"));
         let result = (|| {
@@ -414,22 +320,56 @@ impl ExecKernel {
                     case_path.display()
                 ))
             })?;
-            let req = RunRequest::new(id, case, &case_path, &out_path);
-            self.exchange(slot, &req, &out_path, out)
+            let transport = Transport::Files {
+                case: &case_path,
+                output: &out_path,
+            };
+            let req = RunRequest::new(id, case, transport);
+            let info = self.exchange(slot, &req)?;
+            protocol::read_output(&out_path, out).map_err(|e| {
+                RunError::Crash(format!("worker's output file {}: {e}", out_path.display()))
+            })?;
+            Ok(info)
         })();
         let _ = std::fs::remove_file(&case_path);
         let _ = std::fs::remove_file(&out_path);
         result
     }
 
-    /// Sends one request and waits for its answer; a misbehaving worker is killed.
-    fn exchange(
+    /// Protocol 2: the case goes into the slot's shared region, the output comes back
+    /// from it.
+    fn run_shm(
         &self,
         slot: &mut Slot,
-        req: &RunRequest,
-        out_path: &Path,
+        id: u64,
+        case: &Case,
         out: &mut OutputBuffer,
     ) -> Result<RunInfo, RunError> {
+        let env = |e: std::io::Error| {
+            RunError::Environment(format!("cannot set up the shared memory region: {e}"))
+        };
+        if slot.region.is_none() {
+            slot.region = Some(SharedRegion::create("mqa-fuzz-case").map_err(env)?);
+        }
+        let region = slot.region.as_mut().expect("created above");
+        let ints = protocol::WireInts::new(case);
+        let tensors = protocol::wire_tensors(case, &ints, out);
+        let layout = ShmTensors::layout(region.path().to_string(), &tensors);
+        region.ensure(layout.bytes).map_err(env)?;
+        region.write(&layout, &tensors);
+        drop(tensors);
+        let req = RunRequest::new(id, case, Transport::Shm(layout.clone()));
+        let info = self.exchange(slot, &req)?;
+        let region = slot.region.as_ref().expect("created above");
+        let (raw, _) = out.raw_mut();
+        region
+            .read_f32s(&layout, "logits", raw)
+            .map_err(|e| RunError::Crash(format!("worker's output in the shared region: {e}")))?;
+        Ok(info)
+    }
+
+    /// Sends one request and waits for its answer; a misbehaving worker is killed.
+    fn exchange(&self, slot: &mut Slot, req: &RunRequest) -> Result<RunInfo, RunError> {
         let w = slot.worker.as_mut().expect("worker started");
         let id = req.id;
         let sent = w
@@ -472,23 +412,18 @@ impl ExecKernel {
                     inputs_intact,
                     device_bytes,
                 } if got == id => {
-                    if Path::new(&output) != out_path {
-                        break 'wait format!(
-                            "worker wrote its output to {output:?}, not to the requested {}",
-                            out_path.display()
-                        );
+                    if let (Some(want), Some(got)) = (&req.output, &output) {
+                        if want != got {
+                            break 'wait format!(
+                                "worker wrote its output to {got:?}, not to the requested {want}"
+                            );
+                        }
                     }
-                    return match protocol::read_output(out_path, out) {
-                        Ok(()) => Ok(protocol::run_info(
-                            kernel_time_us,
-                            inputs_intact,
-                            device_bytes,
-                        )),
-                        Err(e) => Err(RunError::Crash(format!(
-                            "worker's output file {}: {e}",
-                            out_path.display()
-                        ))),
-                    };
+                    return Ok(protocol::run_info(
+                        kernel_time_us,
+                        inputs_intact,
+                        device_bytes,
+                    ));
                 }
                 WorkerLine::Error {
                     id: Some(got),
@@ -500,9 +435,7 @@ impl ExecKernel {
                             // A kernel that crashed may have left its device context
                             // unusable, and adapters exit after a device fault: the next
                             // case gets a fresh worker, so it is never blamed for this one.
-                            if let Some(w) = slot.worker.take() {
-                                w.shut_down();
-                            }
+                            slot.shut_down_worker();
                             RunError::Crash(message)
                         }
                         ErrorKind::Skipped => RunError::Skipped(message),
@@ -517,9 +450,7 @@ impl ExecKernel {
                 }
             }
         };
-        let mut w = slot.worker.take().expect("worker started");
-        let status = w.kill();
-        let tail = w.stderr_tail();
+        let (status, tail) = slot.kill_worker().expect("worker started");
         let stderr = if tail.is_empty() {
             "(stderr empty)".to_string()
         } else {
@@ -532,28 +463,34 @@ impl ExecKernel {
     }
 }
 
-/// Starts `slot`'s worker and returns its hello; on failure, the worker is killed and
-/// the error carries its stderr.
-fn start_worker(cfg: &ExecConfig, slot: &mut Slot, what: &str) -> Result<Hello, RunError> {
-    let mut w = Worker::spawn(cfg, &slot.env, &slot.dir)?;
-    match w.handshake(cfg.handshake_timeout) {
-        Ok(h) => {
+/// Starts `slot`'s worker (forked by its fork server when it has one) and returns its
+/// hello; on failure, the error carries the worker's stderr.
+fn start_worker(
+    cfg: &ExecConfig,
+    slot: &mut Slot,
+    offered: &[u64],
+    what: &str,
+) -> Result<Hello, RunError> {
+    let offer: Vec<String> = offered.iter().map(u64::to_string).collect();
+    let mut env = slot.env.clone();
+    env.push(("MQA_FUZZ_PROTOCOLS".into(), offer.join(",")));
+    if cfg.fork_server {
+        env.push(("MQA_FUZZ_FORK_SERVER".into(), "1".into()));
+    }
+    let launch = Launch {
+        command: &cfg.command,
+        env,
+        dir: &slot.dir,
+        forward_stderr: cfg.forward_stderr,
+    };
+    match slot.source.start(&launch, cfg.handshake_timeout, offered) {
+        Ok((w, h)) => {
             slot.worker = Some(w);
+            slot.protocol = h.protocol;
             Ok(h)
         }
         Err(e) => {
-            let status = w.kill();
-            let tail = w.stderr_tail();
-            let add = |m: String| {
-                if tail.is_empty() {
-                    format!("{what} `{}`: {m} ({status})", cfg.command)
-                } else {
-                    format!(
-                        "{what} `{}`: {m} ({status}); stderr tail:\n{tail}",
-                        cfg.command
-                    )
-                }
-            };
+            let add = |m: String| format!("{what} `{}`: {m}", cfg.command);
             Err(match e {
                 RunError::Crash(m) => RunError::Crash(add(m)),
                 RunError::Skipped(m) => RunError::Skipped(add(m)),
@@ -630,9 +567,8 @@ impl Drop for ExecKernel {
     fn drop(&mut self) {
         for slot in &self.slots {
             let mut slot = slot.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(w) = slot.worker.take() {
-                w.shut_down();
-            }
+            let w = slot.worker.take();
+            slot.source.shut_down(w);
             let _ = std::fs::remove_dir_all(&slot.dir);
         }
     }

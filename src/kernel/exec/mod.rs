@@ -13,9 +13,11 @@
 
 pub mod aliases;
 pub mod client;
+mod process;
 pub mod protocol;
 mod safetensors_stream;
 pub mod server;
+pub mod shm;
 
 pub use client::{device_env, ExecConfig, ExecKernel};
 pub use protocol::{Hello, PROTOCOL_VERSION};

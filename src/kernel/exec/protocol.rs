@@ -1,12 +1,14 @@
-//! The worker protocol, version 1 (specified for adapter writers in
-//! `kernels/external/PROTOCOL.md`): the messages, and the case and output files.
+//! The worker protocol, versions 1 and 2 (specified for adapter writers in
+//! `kernels/external/PROTOCOL.md`): the messages, and the tensors of a case.
 //!
-//! Control travels as JSON lines on the worker's stdin/stdout; tensors travel as
-//! safetensors files in a per-worker temporary directory, because a case can hold
-//! gigabytes (a 2 GiB output) that no one wants inside a JSON line, and every language
-//! with a numpy-like library reads safetensors.
+//! Control travels as JSON lines on the worker's stdin/stdout. Tensors travel, in
+//! version 2, through one shared-memory region per worker (`super::shm`), reused case
+//! after case; in version 1, as safetensors files in a per-worker temporary directory.
+//! Either way they are the same tensors ([`wire_tensors`]), because a case can hold
+//! gigabytes (a 2 GiB output) that no one wants inside a JSON line.
 
 use super::safetensors_stream::{self as st, Data};
+use super::shm::ShmTensors;
 use crate::case::{BlockTable, Case, ContextLens, Shape, SparseKvCache, ValueLayout};
 use crate::fp8::Fp8Format;
 use crate::kernel::{Capabilities, CompileField, OutputBuffer, RunError, RunInfo, GUARD_ELEMS};
@@ -14,8 +16,37 @@ use serde::{Deserialize, Serialize};
 use std::path::Path;
 use std::time::Duration;
 
-/// The protocol version this build speaks; a worker announcing another is refused.
-pub const PROTOCOL_VERSION: u64 = 1;
+/// The newest protocol version this build speaks.
+pub const PROTOCOL_VERSION: u64 = 2;
+/// Every version this build speaks; a worker announcing another is refused. mqa-fuzz
+/// tells a worker which ones it may choose in `MQA_FUZZ_PROTOCOLS` (`1,2`).
+pub const SUPPORTED_PROTOCOLS: [u64; 2] = [1, 2];
+
+/// The versions offered to workers: all of them, or only 1 with
+/// `MQA_FUZZ_EXEC_PROTOCOL=1` (to test an adapter's version-1 path).
+pub fn offered_protocols() -> Result<Vec<u64>, String> {
+    match std::env::var("MQA_FUZZ_EXEC_PROTOCOL") {
+        Err(_) => Ok(SUPPORTED_PROTOCOLS.to_vec()),
+        Ok(v) => match v.trim().parse::<u64>() {
+            Ok(p) if SUPPORTED_PROTOCOLS.contains(&p) => Ok(vec![p]),
+            _ => Err(format!(
+                "MQA_FUZZ_EXEC_PROTOCOL={v:?}: this mqa-fuzz speaks protocols {SUPPORTED_PROTOCOLS:?}"
+            )),
+        },
+    }
+}
+
+/// The version a worker should speak given `MQA_FUZZ_PROTOCOLS` (worker side): the
+/// newest both sides know; 1 when the variable is missing (an older mqa-fuzz).
+pub fn chosen_protocol(offered: Option<&str>) -> u64 {
+    offered
+        .into_iter()
+        .flat_map(|s| s.split(','))
+        .filter_map(|p| p.trim().parse::<u64>().ok())
+        .filter(|p| SUPPORTED_PROTOCOLS.contains(p))
+        .max()
+        .unwrap_or(1)
+}
 
 /// The worker's first line.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -51,7 +82,10 @@ pub enum WorkerLine {
     Hello(Box<Hello>),
     Result {
         id: u64,
-        output: String,
+        /// Version 1: the output file written (the requested path). Version 2: absent,
+        /// the output is in the shared region.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        output: Option<String>,
         #[serde(default)]
         kernel_time_us: Option<f64>,
         #[serde(default)]
@@ -78,7 +112,7 @@ impl WorkerLine {
 
 /// Parses the handshake, checking the version before anything else so that a worker of
 /// another protocol version gets a clear message instead of a field error.
-pub fn parse_hello(line: &str) -> Result<Hello, RunError> {
+pub fn parse_hello(line: &str, offered: &[u64]) -> Result<Hello, RunError> {
     let v: serde_json::Value = serde_json::from_str(line)
         .map_err(|_| RunError::Crash(format!("worker's first line is not JSON: {}", clip(line))))?;
     match v.get("type").and_then(|t| t.as_str()) {
@@ -105,12 +139,16 @@ pub fn parse_hello(line: &str) -> Result<Hello, RunError> {
         }
     }
     match v.get("protocol").and_then(|p| p.as_u64()) {
-        Some(PROTOCOL_VERSION) => {}
+        Some(p) if offered.contains(&p) => {}
         other => {
+            let speaks = match offered {
+                [one] => format!("protocol {one}"),
+                _ => format!("protocols {offered:?}"),
+            };
             return Err(RunError::Environment(format!(
-                "worker speaks protocol {}, this mqa-fuzz speaks protocol {PROTOCOL_VERSION}: update the adapter or mqa-fuzz",
+                "worker speaks protocol {}, this mqa-fuzz speaks {speaks}: update the adapter or mqa-fuzz",
                 other.map(|p| p.to_string()).unwrap_or_else(|| "(missing)".into())
-            )))
+            )));
         }
     }
     let hello: Hello = serde_path_to_error::deserialize(v).map_err(|e| {
@@ -148,10 +186,15 @@ pub struct RunRequest {
     #[serde(rename = "type")]
     pub kind: String,
     pub id: u64,
-    /// The case file (safetensors) to read.
-    pub case: String,
-    /// Where to write the output file (safetensors holding `logits`).
-    pub output: String,
+    /// Version 1: the case file (safetensors) to read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub case: Option<String>,
+    /// Version 1: where to write the output file (safetensors holding `logits`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<String>,
+    /// Version 2: the shared region and where each tensor lies in it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shm: Option<ShmTensors>,
     pub batch: usize,
     pub next_n: usize,
     pub heads: usize,
@@ -176,14 +219,31 @@ pub struct RunRequest {
     pub context_lens: LensWire,
 }
 
+/// Where a request's tensors are.
+pub enum Transport<'a> {
+    /// Version 1: a case file to read and an output file to write.
+    Files { case: &'a Path, output: &'a Path },
+    /// Version 2: the shared region.
+    Shm(ShmTensors),
+}
+
 impl RunRequest {
-    pub fn new(id: u64, case: &Case, case_path: &Path, output_path: &Path) -> Self {
+    pub fn new(id: u64, case: &Case, transport: Transport) -> Self {
         let s = &case.shape;
+        let (case_path, output, shm) = match transport {
+            Transport::Files { case, output } => (
+                Some(case.display().to_string()),
+                Some(output.display().to_string()),
+                None,
+            ),
+            Transport::Shm(t) => (None, None, Some(t)),
+        };
         RunRequest {
             kind: "run".into(),
             id,
-            case: case_path.display().to_string(),
-            output: output_path.display().to_string(),
+            case: case_path,
+            output,
+            shm,
             batch: s.batch,
             next_n: s.next_n,
             heads: s.heads,
@@ -215,50 +275,73 @@ impl RunRequest {
     }
 }
 
-/// Writes the case file: every input tensor and the poisoned, guarded output buffer.
-pub fn write_case_file(path: &Path, case: &Case, out: &OutputBuffer) -> std::io::Result<()> {
-    let s = &case.shape;
-    let lens: Vec<i32>;
-    let lens_shape;
-    match &case.context_lens {
-        ContextLens::PerSequence(v) => {
-            lens = v.iter().map(|&x| x as i32).collect();
-            lens_shape = vec![s.batch];
-        }
-        ContextLens::PerToken(v) => {
-            lens = v.iter().flatten().map(|&x| x as i32).collect();
-            lens_shape = vec![s.batch, s.next_n];
+/// The integer tensors of a case in their wire types (the case keeps i64/u64).
+pub struct WireInts {
+    lens: Vec<i32>,
+    lens_shape: Vec<usize>,
+    table: Vec<i32>,
+    ids: Vec<i64>,
+}
+
+impl WireInts {
+    pub fn new(case: &Case) -> WireInts {
+        let s = &case.shape;
+        let (lens, lens_shape) = match &case.context_lens {
+            ContextLens::PerSequence(v) => (v.iter().map(|&x| x as i32).collect(), vec![s.batch]),
+            ContextLens::PerToken(v) => (
+                v.iter().flatten().map(|&x| x as i32).collect(),
+                vec![s.batch, s.next_n],
+            ),
+        };
+        WireInts {
+            lens,
+            lens_shape,
+            // Validation guarantees table entries fit in int32.
+            table: case.block_table.entries.iter().map(|&x| x as i32).collect(),
+            ids: case.kv.blocks.keys().map(|&id| id as i64).collect(),
         }
     }
-    // Validation guarantees table entries fit in int32.
-    let table: Vec<i32> = case.block_table.entries.iter().map(|&x| x as i32).collect();
-    let ids: Vec<i64> = case.kv.blocks.keys().map(|&id| id as i64).collect();
+}
+
+/// Every tensor a worker receives, in order: the inputs, the sparse cache's stored
+/// blocks and the poisoned, guarded output buffer (PROTOCOL.md's table). Version 1
+/// writes them to a file, version 2 into the shared region.
+pub fn wire_tensors<'a>(
+    case: &'a Case,
+    ints: &'a WireInts,
+    out: &'a OutputBuffer,
+) -> Vec<(&'static str, Vec<usize>, Data<'a>)> {
+    let s = &case.shape;
     let blocks: Vec<&[u8]> = case.kv.blocks.values().map(Vec::as_slice).collect();
     let (raw, _) = out.raw();
-    st::write(
-        path,
-        &[
-            (
-                "q",
-                vec![s.batch, s.next_n, s.heads, s.head_dim],
-                Data::Bytes(&case.q),
-            ),
-            ("weights", vec![s.rows(), s.heads], Data::F32(&case.weights)),
-            ("context_lens", lens_shape, Data::I32(&lens)),
-            (
-                "block_table",
-                vec![s.batch, case.block_table.row_stride],
-                Data::I32(&table),
-            ),
-            ("kv_block_ids", vec![ids.len()], Data::I64(&ids)),
-            (
-                "kv_blocks",
-                vec![ids.len(), s.block_bytes()],
-                Data::Pieces(blocks),
-            ),
-            ("logits", vec![raw.len()], Data::F32(raw)),
-        ],
-    )
+    let (lens, lens_shape, table, ids) = (&ints.lens, &ints.lens_shape, &ints.table, &ints.ids);
+    vec![
+        (
+            "q",
+            vec![s.batch, s.next_n, s.heads, s.head_dim],
+            Data::Bytes(&case.q),
+        ),
+        ("weights", vec![s.rows(), s.heads], Data::F32(&case.weights)),
+        ("context_lens", lens_shape.clone(), Data::I32(lens)),
+        (
+            "block_table",
+            vec![s.batch, case.block_table.row_stride],
+            Data::I32(table),
+        ),
+        ("kv_block_ids", vec![ids.len()], Data::I64(ids)),
+        (
+            "kv_blocks",
+            vec![ids.len(), s.block_bytes()],
+            Data::Pieces(blocks),
+        ),
+        ("logits", vec![raw.len()], Data::F32(raw)),
+    ]
+}
+
+/// Writes the version-1 case file.
+pub fn write_case_file(path: &Path, case: &Case, out: &OutputBuffer) -> std::io::Result<()> {
+    let ints = WireInts::new(case);
+    st::write(path, &wire_tensors(case, &ints, out))
 }
 
 /// Reads a worker's output file into the harness's buffer, guards included.
@@ -275,12 +358,57 @@ pub fn write_output(path: &Path, out: &OutputBuffer) -> std::io::Result<()> {
     st::write(path, &[("logits", vec![raw.len()], Data::F32(raw))])
 }
 
-/// Rebuilds the case and the poisoned output buffer from a request and its file
-/// (worker side). Every size is checked against the request; the case is validated.
+/// Where a worker reads a request's tensors from: a version-1 case file or the
+/// version-2 shared region. Each call returns the tensor's shape and data, checked for
+/// dtype and size.
+pub trait TensorSource {
+    fn bytes(&mut self, name: &str) -> Result<(Vec<usize>, Vec<u8>), String>;
+    fn i32s(&mut self, name: &str) -> Result<(Vec<usize>, Vec<i32>), String>;
+    fn i64s(&mut self, name: &str) -> Result<(Vec<usize>, Vec<i64>), String>;
+    fn f32s(&mut self, name: &str) -> Result<(Vec<usize>, Vec<f32>), String>;
+    /// An f32 tensor of exactly `dst.len()` elements into `dst`.
+    fn f32s_into(&mut self, name: &str, dst: &mut [f32]) -> Result<Vec<usize>, String>;
+}
+
+impl TensorSource for st::Reader {
+    fn bytes(&mut self, name: &str) -> Result<(Vec<usize>, Vec<u8>), String> {
+        st::Reader::bytes(self, name)
+    }
+    fn i32s(&mut self, name: &str) -> Result<(Vec<usize>, Vec<i32>), String> {
+        st::Reader::i32s(self, name)
+    }
+    fn i64s(&mut self, name: &str) -> Result<(Vec<usize>, Vec<i64>), String> {
+        st::Reader::i64s(self, name)
+    }
+    fn f32s(&mut self, name: &str) -> Result<(Vec<usize>, Vec<f32>), String> {
+        st::Reader::f32s(self, name)
+    }
+    fn f32s_into(&mut self, name: &str, dst: &mut [f32]) -> Result<Vec<usize>, String> {
+        st::Reader::f32s_into(self, name, dst)
+    }
+}
+
+/// Rebuilds the case and the poisoned output buffer from a version-1 request and its
+/// file (worker side).
 pub fn read_case_file(req: &RunRequest) -> Result<(Case, OutputBuffer), String> {
-    let path = Path::new(&req.case);
-    let at = |e: String| format!("{}: {e}", path.display());
-    let mut r = st::Reader::open(path).map_err(at)?;
+    let path = Path::new(
+        req.case
+            .as_deref()
+            .ok_or("a version-1 request names no case file")?,
+    );
+    let mut r = st::Reader::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    read_case(req, &mut r, &path.display().to_string())
+}
+
+/// Rebuilds the case and the poisoned output buffer from a request whose tensors come
+/// from `r` (`what` names the source in errors). Every size is checked against the
+/// request; the case is validated.
+pub fn read_case(
+    req: &RunRequest,
+    r: &mut dyn TensorSource,
+    what: &str,
+) -> Result<(Case, OutputBuffer), String> {
+    let at = |e: String| format!("{what}: {e}");
     let shape = Shape {
         batch: req.batch,
         next_n: req.next_n,
@@ -438,7 +566,14 @@ mod tests {
         );
         let mut out = OutputBuffer::for_case(&c);
         write_case_file(&cp, &c, &out).unwrap();
-        let req = RunRequest::new(9, &c, &cp, &op);
+        let req = RunRequest::new(
+            9,
+            &c,
+            Transport::Files {
+                case: &cp,
+                output: &op,
+            },
+        );
         let line = req.to_line();
         let back: RunRequest = serde_json::from_str(&line).unwrap();
         assert_eq!(back, req);
@@ -460,16 +595,33 @@ mod tests {
     }
 
     #[test]
+    fn a_worker_chooses_the_newest_offered_version() {
+        assert_eq!(chosen_protocol(Some("1,2")), 2);
+        assert_eq!(chosen_protocol(Some("1")), 1);
+        assert_eq!(chosen_protocol(Some("2, 7")), 2);
+        assert_eq!(chosen_protocol(None), 1, "an older mqa-fuzz offers nothing");
+        assert_eq!(chosen_protocol(Some("")), 1);
+    }
+
+    #[test]
     fn hello_version_skew_is_an_environment_error() {
-        let e = parse_hello(r#"{"type":"hello","protocol":2,"name":"x"}"#).unwrap_err();
+        let all = &SUPPORTED_PROTOCOLS;
+        let e = parse_hello(r#"{"type":"hello","protocol":3,"name":"x"}"#, all).unwrap_err();
         assert!(
-            matches!(&e, RunError::Environment(m) if m.contains("protocol 2")),
+            matches!(&e, RunError::Environment(m) if m.contains("protocol 3") && m.contains("[1, 2]")),
             "{e}"
         );
-        let e = parse_hello("garbage").unwrap_err();
+        // A version this build knows but did not offer (MQA_FUZZ_EXEC_PROTOCOL=1).
+        let e = parse_hello(r#"{"type":"hello","protocol":2,"name":"x"}"#, &[1]).unwrap_err();
+        assert!(
+            matches!(&e, RunError::Environment(m) if m.contains("speaks protocol 1")),
+            "{e}"
+        );
+        let e = parse_hello("garbage", all).unwrap_err();
         assert!(matches!(e, RunError::Crash(_)));
         let e = parse_hello(
             r#"{"type":"error","id":null,"kind":"environment","message":"no deep_gemm"}"#,
+            all,
         )
         .unwrap_err();
         assert!(matches!(&e, RunError::Environment(m) if m.contains("no deep_gemm")));
@@ -485,8 +637,8 @@ mod tests {
             compile_key: vec![CompileField::Heads, CompileField::Lens2d],
         };
         let line = WorkerLine::Hello(Box::new(h.clone())).to_line();
-        assert_eq!(parse_hello(&line).unwrap(), h);
-        let e = parse_hello(r#"{"type":"hello","protocol":1,"name":"x","library":"l","version":"v","device":"d","capabilities":{}}"#).unwrap_err();
+        assert_eq!(parse_hello(&line, all).unwrap(), h);
+        let e = parse_hello(r#"{"type":"hello","protocol":1,"name":"x","library":"l","version":"v","device":"d","capabilities":{}}"#, all).unwrap_err();
         assert!(
             matches!(&e, RunError::Environment(m) if m.contains("capabilities")),
             "{e}"

@@ -34,7 +34,7 @@ impl Dtype {
             Dtype::I64 => 8,
         }
     }
-    fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             Dtype::U8 => "U8",
             Dtype::I32 => "I32",
@@ -55,7 +55,7 @@ pub enum Data<'a> {
 }
 
 impl Data<'_> {
-    fn dtype(&self) -> Dtype {
+    pub fn dtype(&self) -> Dtype {
         match self {
             Data::Bytes(_) | Data::Pieces(_) => Dtype::U8,
             Data::I32(_) => Dtype::I32,
@@ -63,13 +63,41 @@ impl Data<'_> {
             Data::F32(_) => Dtype::F32,
         }
     }
-    fn byte_len(&self) -> usize {
+    pub fn byte_len(&self) -> usize {
         match self {
             Data::Bytes(b) => b.len(),
             Data::Pieces(p) => p.iter().map(|b| b.len()).sum(),
             Data::I32(v) => 4 * v.len(),
             Data::I64(v) => 8 * v.len(),
             Data::F32(v) => 4 * v.len(),
+        }
+    }
+
+    /// Copies the little-endian bytes into `dst` (exactly `byte_len` long).
+    pub fn copy_to(&self, dst: &mut [u8]) {
+        fn le<T: Copy, const N: usize>(dst: &mut [u8], v: &[T], f: impl Fn(T) -> [u8; N]) {
+            for (d, &x) in dst.chunks_exact_mut(N).zip(v) {
+                d.copy_from_slice(&f(x));
+            }
+        }
+        match self {
+            Data::Bytes(b) => dst.copy_from_slice(b),
+            Data::Pieces(p) => {
+                let mut at = 0;
+                for b in p {
+                    dst[at..at + b.len()].copy_from_slice(b);
+                    at += b.len();
+                }
+            }
+            Data::I32(v) => le(dst, v, i32::to_le_bytes),
+            Data::I64(v) => le(dst, v, i64::to_le_bytes),
+            Data::F32(v) => {
+                // The output buffer can pass 2 GiB: copied on every core.
+                use rayon::prelude::*;
+                dst.par_chunks_mut(1 << 22)
+                    .zip(v.par_chunks(1 << 20))
+                    .for_each(|(d, s)| le(d, s, f32::to_le_bytes));
+            }
         }
     }
 }

@@ -7,8 +7,10 @@
 //! hanging, babbling and outdated workers is tested against a real process.
 
 use super::protocol::{self, ErrorKind, Hello, RunRequest, WorkerLine, PROTOCOL_VERSION};
+use super::shm::{SharedRegion, ShmReader, ShmTensors};
+use crate::case::Case;
 use crate::error::{exit, Fatal};
-use crate::kernel::{Kernel, OpenError, RunError};
+use crate::kernel::{Kernel, OpenError, OutputBuffer, RunError};
 use std::io::{BufRead, Write};
 use std::path::Path;
 
@@ -26,7 +28,7 @@ pub enum Fault {
     /// Answer request N with a `crash` error, then exit (what adapters do after a
     /// device fault).
     FaultExitAt(u64),
-    /// Announce protocol version 2.
+    /// Announce a protocol version this build does not speak (the newest + 1).
     Skew,
 }
 
@@ -97,7 +99,7 @@ pub fn serve(
         protocol: if fault == Some(Fault::Skew) {
             PROTOCOL_VERSION + 1
         } else {
-            PROTOCOL_VERSION
+            protocol::chosen_protocol(std::env::var("MQA_FUZZ_PROTOCOLS").ok().as_deref())
         },
         name: k.name().to_string(),
         library: "mqa-fuzz".into(),
@@ -109,6 +111,8 @@ pub fn serve(
     send(&mut out, &WorkerLine::Hello(Box::new(hello))).map_err(io)?;
     let stdin = std::io::stdin();
     let mut served = 0u64;
+    // Protocol 2: the client's region, mapped once and again only when it grows.
+    let mut region: Option<SharedRegion> = None;
     for line in stdin.lock().lines() {
         let line =
             line.map_err(|e| Fatal::environment(format!("worker: cannot read stdin: {e}")))?;
@@ -169,7 +173,7 @@ pub fn serve(
             }
             _ => {}
         }
-        let mut reply = answer(k.as_ref(), &req);
+        let mut reply = answer(k.as_ref(), &req, &mut region);
         if fault == Some(Fault::WrongIdAt(served)) {
             if let WorkerLine::Result { id, .. } | WorkerLine::Error { id: Some(id), .. } =
                 &mut reply
@@ -182,16 +186,68 @@ pub fn serve(
     Ok(exit::CLEAN)
 }
 
+/// Maps the request's region (reusing `region` when it is the same and large enough).
+fn map_region<'a>(
+    shm: &ShmTensors,
+    region: &'a mut Option<SharedRegion>,
+) -> Result<&'a mut SharedRegion, String> {
+    let fits = region
+        .as_ref()
+        .is_some_and(|r| r.path() == shm.path && r.len() >= shm.bytes);
+    if !fits {
+        *region = None;
+        let r = SharedRegion::open(&shm.path, shm.bytes)
+            .map_err(|e| format!("cannot map the shared region {}: {e}", shm.path))?;
+        *region = Some(r);
+    }
+    Ok(region.as_mut().expect("mapped above"))
+}
+
+/// Reads the request's case from its file (protocol 1) or the shared region (2).
+fn read_request(
+    req: &RunRequest,
+    region: &mut Option<SharedRegion>,
+) -> Result<(Case, OutputBuffer), String> {
+    match &req.shm {
+        None => protocol::read_case_file(req),
+        Some(shm) => {
+            let r = map_region(shm, region)?;
+            let mut src = ShmReader {
+                region: r,
+                layout: shm,
+            };
+            protocol::read_case(req, &mut src, &shm.path)
+        }
+    }
+}
+
+/// Hands the output back: a file (protocol 1) or the region's `logits` (2).
+fn write_answer(
+    req: &RunRequest,
+    buf: &OutputBuffer,
+    region: &mut Option<SharedRegion>,
+) -> Result<(), String> {
+    match (&req.shm, &req.output) {
+        (Some(shm), _) => {
+            let r = map_region(shm, region)?;
+            r.write_f32s(shm, "logits", buf.raw().0)
+        }
+        (None, Some(path)) => protocol::write_output(Path::new(path), buf)
+            .map_err(|e| format!("cannot write {path}: {e}")),
+        (None, None) => Err("the request names neither an output file nor a region".into()),
+    }
+}
+
 /// Runs one request and builds its answer line.
-fn answer(k: &dyn Kernel, req: &RunRequest) -> WorkerLine {
+fn answer(k: &dyn Kernel, req: &RunRequest, region: &mut Option<SharedRegion>) -> WorkerLine {
     let error = |kind, message| WorkerLine::Error {
         id: Some(req.id),
         kind,
         message,
     };
-    let (case, mut buf) = match protocol::read_case_file(req) {
+    let (case, mut buf) = match read_request(req, region) {
         Ok(x) => x,
-        Err(e) => return error(ErrorKind::Crash, format!("bad case file: {e}")),
+        Err(e) => return error(ErrorKind::Crash, format!("bad case: {e}")),
     };
     if let Some(why) = k.capabilities().rejects(&case) {
         return error(ErrorKind::Skipped, why);
@@ -209,11 +265,8 @@ fn answer(k: &dyn Kernel, req: &RunRequest) -> WorkerLine {
         Ok(Err(RunError::Crash(m))) => error(ErrorKind::Crash, m),
         Ok(Err(RunError::Skipped(m))) => error(ErrorKind::Skipped, m),
         Ok(Err(RunError::Environment(m))) => error(ErrorKind::Environment, m),
-        Ok(Ok(info)) => match protocol::write_output(Path::new(&req.output), &buf) {
-            Err(e) => error(
-                ErrorKind::Environment,
-                format!("cannot write {}: {e}", req.output),
-            ),
+        Ok(Ok(info)) => match write_answer(req, &buf, region) {
+            Err(e) => error(ErrorKind::Environment, e),
             Ok(()) => WorkerLine::Result {
                 id: req.id,
                 output: req.output.clone(),

@@ -1,0 +1,438 @@
+//! Protocol version 2's tensor transport: one shared-memory region per worker, mapped
+//! by both sides and reused case after case, instead of a case file and an output file
+//! per case (protocol 1).
+//!
+//! The region is a `memfd` (an anonymous file in memory; a deleted temporary file where
+//! memfd is unavailable). The worker opens it by the path `/proc/<pid>/fd/<fd>` named in
+//! each request, so nothing is inherited and a fork server's children can open it too.
+//! It only grows (by whole 64 MiB steps) unless a case needs less than a quarter of a
+//! large region, which then shrinks: an engine-sized 2 GiB output does not pin 2 GiB of
+//! memory for the rest of the campaign.
+//!
+//! Every tensor of the wire ([`super::protocol::wire_tensors`]: the inputs, the sparse
+//! cache's stored blocks and the poisoned, guarded output) is placed at a 64-byte
+//! aligned offset; the request lists each one's dtype, shape and offset
+//! ([`ShmTensors`]), and the worker writes `logits` in place.
+
+use super::safetensors_stream::{Data, Dtype};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::os::fd::{AsRawFd, FromRawFd};
+
+/// Alignment of every tensor inside the region.
+const ALIGN: usize = 64;
+/// The region grows in steps of this many bytes.
+const GROW_STEP: usize = 64 << 20;
+/// Regions above this size shrink when a case needs less than a quarter of them.
+const SHRINK_ABOVE: usize = 256 << 20;
+
+/// Where one tensor lies in the region.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShmTensor {
+    pub dtype: String,
+    pub shape: Vec<usize>,
+    /// Byte offset from the start of the region.
+    pub offset: usize,
+}
+
+impl ShmTensor {
+    pub fn dtype(&self) -> Result<Dtype, String> {
+        match self.dtype.as_str() {
+            "U8" => Ok(Dtype::U8),
+            "I32" => Ok(Dtype::I32),
+            "I64" => Ok(Dtype::I64),
+            "F32" => Ok(Dtype::F32),
+            d => Err(format!("unknown dtype {d:?}")),
+        }
+    }
+
+    /// Bytes of the tensor (`None` on overflow).
+    pub fn byte_len(&self) -> Option<usize> {
+        let elems = self
+            .shape
+            .iter()
+            .try_fold(1usize, |a, &d| a.checked_mul(d))?;
+        elems.checked_mul(self.dtype().ok()?.size())
+    }
+}
+
+/// The `shm` object of a version-2 request: the region and its tensors.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShmTensors {
+    /// A path the worker can open read-write (`/proc/<pid>/fd/<fd>`).
+    pub path: String,
+    /// Bytes of the region the worker should map (at least the end of the last tensor).
+    pub bytes: usize,
+    pub tensors: BTreeMap<String, ShmTensor>,
+}
+
+impl ShmTensors {
+    /// The offsets of `tensors` laid out back to back, each aligned.
+    pub fn layout(path: String, tensors: &[(&str, Vec<usize>, Data)]) -> ShmTensors {
+        let mut at = 0usize;
+        let mut map = BTreeMap::new();
+        for (name, shape, data) in tensors {
+            at = at.next_multiple_of(ALIGN);
+            map.insert(
+                name.to_string(),
+                ShmTensor {
+                    dtype: data.dtype().name().to_string(),
+                    shape: shape.clone(),
+                    offset: at,
+                },
+            );
+            at += data.byte_len();
+        }
+        ShmTensors {
+            path,
+            bytes: at.next_multiple_of(ALIGN).max(ALIGN),
+            tensors: map,
+        }
+    }
+
+    /// Tensor `name`, checked to lie inside a region of `len` bytes and to have `dtype`.
+    pub fn get(&self, name: &str, dtype: Dtype, len: usize) -> Result<(&ShmTensor, usize), String> {
+        let t = self
+            .tensors
+            .get(name)
+            .ok_or_else(|| format!("the request's shm lists no tensor {name:?}"))?;
+        let got = t.dtype().map_err(|e| format!("tensor {name}: {e}"))?;
+        if got != dtype {
+            return Err(format!(
+                "tensor {name} is {}, expected {}",
+                got.name(),
+                dtype.name()
+            ));
+        }
+        let n = t
+            .byte_len()
+            .ok_or_else(|| format!("tensor {name}: shape {:?} overflows", t.shape))?;
+        if t.offset.checked_add(n).is_none_or(|end| end > len) {
+            return Err(format!(
+                "tensor {name} ({n} bytes at offset {}) lies past the {len}-byte region",
+                t.offset
+            ));
+        }
+        Ok((t, n))
+    }
+}
+
+/// A shared-memory region mapped read-write into this process.
+pub struct SharedRegion {
+    file: File,
+    ptr: *mut u8,
+    len: usize,
+    path: String,
+}
+
+// SAFETY: the mapping is owned by this value alone; access goes through `&mut self`
+// (writes) or `&self` (reads), so Rust's aliasing rules hold within this process. The
+// other process writes only while this one waits for its answer.
+unsafe impl Send for SharedRegion {}
+
+impl SharedRegion {
+    /// A new, empty region named `tag` (seen in `/proc/<pid>/fd`).
+    pub fn create(tag: &str) -> std::io::Result<SharedRegion> {
+        let file = memfd(tag).or_else(|_| unlinked_temp_file(tag))?;
+        let path = format!("/proc/{}/fd/{}", std::process::id(), file.as_raw_fd());
+        Ok(SharedRegion {
+            file,
+            ptr: std::ptr::null_mut(),
+            len: 0,
+            path,
+        })
+    }
+
+    /// Opens an existing region by path, `len` bytes (the worker side).
+    pub fn open(path: &str, len: usize) -> std::io::Result<SharedRegion> {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)?;
+        let have = file.metadata()?.len();
+        if have < len as u64 {
+            return Err(std::io::Error::other(format!(
+                "{path} holds {have} bytes, the request maps {len}"
+            )));
+        }
+        let mut r = SharedRegion {
+            file,
+            ptr: std::ptr::null_mut(),
+            len: 0,
+            path: path.to_string(),
+        };
+        r.map(len)?;
+        Ok(r)
+    }
+
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Makes the region at least `need` bytes (grown in steps, shrunk when far too big).
+    pub fn ensure(&mut self, need: usize) -> std::io::Result<()> {
+        let want = need.max(1).next_multiple_of(GROW_STEP);
+        let too_big = self.len > SHRINK_ABOVE && want < self.len / 4;
+        if need <= self.len && !too_big {
+            return Ok(());
+        }
+        self.unmap();
+        self.file.set_len(want as u64)?;
+        self.map(want)
+    }
+
+    fn map(&mut self, len: usize) -> std::io::Result<()> {
+        // SAFETY: a shared read-write mapping of a file we hold open, `len` bytes, which
+        // the file has (set_len above or checked by `open`).
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                self.file.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        self.ptr = p.cast();
+        self.len = len;
+        Ok(())
+    }
+
+    fn unmap(&mut self) {
+        if !self.ptr.is_null() {
+            // SAFETY: `ptr`/`len` are exactly what mmap returned; no slice outlives
+            // this call (they borrow `self`).
+            unsafe {
+                libc::munmap(self.ptr.cast(), self.len);
+            }
+            self.ptr = std::ptr::null_mut();
+            self.len = 0;
+        }
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        if self.ptr.is_null() {
+            return &[];
+        }
+        // SAFETY: the mapping is `len` bytes, valid until `unmap`, which needs `&mut`.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        if self.ptr.is_null() {
+            return &mut [];
+        }
+        // SAFETY: as in `bytes`, and `&mut self` makes this the only slice.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+
+    /// Writes `tensors` at the offsets of `layout` (the region must be large enough).
+    pub fn write(&mut self, layout: &ShmTensors, tensors: &[(&str, Vec<usize>, Data)]) {
+        let region = self.bytes_mut();
+        for (name, _, data) in tensors {
+            let at = layout.tensors[*name].offset;
+            data.copy_to(&mut region[at..at + data.byte_len()]);
+        }
+    }
+
+    /// Writes `src` as f32 tensor `name` of `layout` (checked: the layout may come from
+    /// a request).
+    pub fn write_f32s(
+        &mut self,
+        layout: &ShmTensors,
+        name: &str,
+        src: &[f32],
+    ) -> Result<(), String> {
+        let (t, n) = layout.get(name, Dtype::F32, self.len)?;
+        if n != src.len() * 4 {
+            return Err(format!(
+                "tensor {name} has {} elements, the output has {}",
+                n / 4,
+                src.len()
+            ));
+        }
+        let at = t.offset;
+        Data::F32(src).copy_to(&mut self.bytes_mut()[at..at + n]);
+        Ok(())
+    }
+
+    /// Reads f32 tensor `name` of `layout` into `dst` (whose length must match).
+    pub fn read_f32s(
+        &self,
+        layout: &ShmTensors,
+        name: &str,
+        dst: &mut [f32],
+    ) -> Result<(), String> {
+        let (t, n) = layout.get(name, Dtype::F32, self.len)?;
+        if n != dst.len() * 4 {
+            return Err(format!(
+                "tensor {name} has {} elements, expected {}",
+                n / 4,
+                dst.len()
+            ));
+        }
+        let src = &self.bytes()[t.offset..t.offset + n];
+        // f32 on the little-endian hosts this runs on: a plain byte copy.
+        let dst_bytes: &mut [u8] = bytemuck_f32(dst);
+        dst_bytes.copy_from_slice(src);
+        Ok(())
+    }
+}
+
+/// A version-2 request's tensors read from the region (worker side).
+pub struct ShmReader<'a> {
+    pub region: &'a SharedRegion,
+    pub layout: &'a ShmTensors,
+}
+
+impl ShmReader<'_> {
+    fn raw(&self, name: &str, dtype: Dtype) -> Result<(Vec<usize>, &[u8]), String> {
+        let (t, n) = self.layout.get(name, dtype, self.region.len())?;
+        Ok((
+            t.shape.clone(),
+            &self.region.bytes()[t.offset..t.offset + n],
+        ))
+    }
+
+    fn ints<T, const N: usize>(
+        &self,
+        name: &str,
+        dtype: Dtype,
+        f: impl Fn([u8; N]) -> T,
+    ) -> Result<(Vec<usize>, Vec<T>), String> {
+        let (shape, b) = self.raw(name, dtype)?;
+        let v = b
+            .chunks_exact(N)
+            .map(|c| f(c.try_into().expect("N-byte chunk")))
+            .collect();
+        Ok((shape, v))
+    }
+}
+
+impl super::protocol::TensorSource for ShmReader<'_> {
+    fn bytes(&mut self, name: &str) -> Result<(Vec<usize>, Vec<u8>), String> {
+        let (shape, b) = self.raw(name, Dtype::U8)?;
+        Ok((shape, b.to_vec()))
+    }
+    fn i32s(&mut self, name: &str) -> Result<(Vec<usize>, Vec<i32>), String> {
+        self.ints(name, Dtype::I32, i32::from_le_bytes)
+    }
+    fn i64s(&mut self, name: &str) -> Result<(Vec<usize>, Vec<i64>), String> {
+        self.ints(name, Dtype::I64, i64::from_le_bytes)
+    }
+    fn f32s(&mut self, name: &str) -> Result<(Vec<usize>, Vec<f32>), String> {
+        self.ints(name, Dtype::F32, f32::from_le_bytes)
+    }
+    fn f32s_into(&mut self, name: &str, dst: &mut [f32]) -> Result<Vec<usize>, String> {
+        self.region.read_f32s(self.layout, name, dst)?;
+        Ok(self.layout.tensors[name].shape.clone())
+    }
+}
+
+impl Drop for SharedRegion {
+    fn drop(&mut self) {
+        self.unmap();
+    }
+}
+
+/// The bytes of an f32 slice (little-endian hosts only, checked at compile time).
+fn bytemuck_f32(v: &mut [f32]) -> &mut [u8] {
+    const _: () = assert!(cfg!(target_endian = "little"));
+    // SAFETY: f32 has no invalid bit patterns and u8 has alignment 1; the length is
+    // the same memory in bytes.
+    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast(), std::mem::size_of_val(v)) }
+}
+
+fn memfd(tag: &str) -> std::io::Result<File> {
+    let name = std::ffi::CString::new(tag).map_err(std::io::Error::other)?;
+    // SAFETY: plain syscall with a NUL-terminated name; the fd is owned by the File.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh descriptor nobody else owns.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+/// A temporary file, deleted at once, kept open (reachable through `/proc/<pid>/fd`).
+fn unlinked_temp_file(tag: &str) -> std::io::Result<File> {
+    let dir = std::env::var_os("MQA_FUZZ_EXEC_TMPDIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let k = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path = dir.join(format!("{tag}.{}.{k}", std::process::id()));
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&path)?;
+    std::fs::remove_file(&path)?;
+    Ok(f)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_region_opened_by_path_sees_the_creators_bytes_and_grows() {
+        let mut a = SharedRegion::create("mqa-fuzz-test").unwrap();
+        a.ensure(100).unwrap();
+        assert_eq!(a.len(), GROW_STEP);
+        a.bytes_mut()[..4].copy_from_slice(&[1, 2, 3, 4]);
+        let mut b = SharedRegion::open(a.path(), 100).unwrap();
+        assert_eq!(&b.bytes()[..4], &[1, 2, 3, 4]);
+        b.bytes_mut()[4] = 9;
+        assert_eq!(a.bytes()[4], 9, "writes of the other side are seen");
+        a.ensure(GROW_STEP + 1).unwrap();
+        assert_eq!(a.len(), 2 * GROW_STEP);
+        assert_eq!(&a.bytes()[..5], &[1, 2, 3, 4, 9], "growing keeps the bytes");
+        assert!(SharedRegion::open(a.path(), 3 * GROW_STEP).is_err());
+    }
+
+    #[test]
+    fn a_large_region_shrinks_for_a_small_case() {
+        let mut a = SharedRegion::create("mqa-fuzz-test").unwrap();
+        a.ensure(SHRINK_ABOVE + 1).unwrap();
+        let big = a.len();
+        a.ensure(10).unwrap();
+        assert!(a.len() < big / 4, "{} of {big}", a.len());
+        a.ensure(GROW_STEP - 1).unwrap();
+        assert_eq!(a.len(), GROW_STEP);
+    }
+
+    #[test]
+    fn layout_aligns_and_checks_bounds() {
+        let q = [1u8, 2, 3];
+        let w = [1.0f32, 2.0];
+        let t = [
+            ("q", vec![3], Data::Bytes(&q)),
+            ("w", vec![2], Data::F32(&w)),
+        ];
+        let l = ShmTensors::layout("p".into(), &t);
+        assert_eq!(l.tensors["q"].offset, 0);
+        assert_eq!(l.tensors["w"].offset, 64);
+        assert_eq!(l.bytes, 128);
+        assert!(l.get("w", Dtype::F32, 128).is_ok());
+        assert!(l.get("w", Dtype::F32, 70).unwrap_err().contains("past"));
+        assert!(l.get("w", Dtype::U8, 128).unwrap_err().contains("F32"));
+        assert!(l
+            .get("x", Dtype::U8, 128)
+            .unwrap_err()
+            .contains("no tensor"));
+    }
+}
