@@ -482,3 +482,43 @@ pc.serve(hello, run, None, out)
     assert!(v.classes.contains_key(&Class::Crash), "{v:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The numpy adapter as a fork server (its default when mqa-fuzz offers one), killed
+/// with SIGKILL in the middle of its second case: that case is a crash naming the
+/// signal, the next life is forked (well under a second) and runs the next case, all
+/// over protocol 2. Without the fork server the same happens through a full start.
+#[test]
+fn a_forked_worker_killed_mid_case_is_a_crash_and_the_next_life_runs_on() {
+    require_python!("numpy");
+    let script = format!("{FAKES}/../numpy_adapter.py");
+    for fork in [true, false] {
+        let mut cfg = ExecConfig::new(format!("python3 {script} --fault kill-at=2"));
+        cfg.fork_server = fork;
+        let k = ExecKernel::start("numpy", cfg).expect("adapter starts");
+        assert_eq!(k.hello().protocol, 2, "the adapter speaks protocol 2");
+        let cases: Vec<Case> = (0..3)
+            .map(|s| Recipe::small(vec![300, 17], 2, s).materialize())
+            .collect();
+        let results: Vec<_> = cases.iter().map(|c| judge_once(&k, c)).collect();
+        assert!(results[0].is_clean(), "{:?}", results[0]);
+        assert_eq!(classes(&results[1]), vec![Class::Crash]);
+        let msg = results[1].examples[0].detail.clone().unwrap_or_default();
+        assert!(
+            msg.contains("SIGKILL") && msg.contains("fault injection: SIGKILL on request 2"),
+            "{msg}"
+        );
+        assert!(results[2].is_clean(), "the next life runs the next case");
+        let r = k.restart_stats();
+        assert_eq!(r.restarts, 1, "{r:?}");
+        if fork {
+            assert_eq!(r.forked, 1, "{r:?}");
+            assert!(
+                r.max_secs < 1.0,
+                "a forked restart took {:.2} s",
+                r.max_secs
+            );
+        } else {
+            assert_eq!(r.forked, 0, "{r:?}");
+        }
+    }
+}

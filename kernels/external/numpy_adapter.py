@@ -185,7 +185,7 @@ def main():
         "device": "cpu",
         "capabilities": pc.capabilities(nan_behaviour="propagates NaN through dot and head sum"),
     }
-    pc.serve(hello, k.run, args.fault)
+    pc.serve_forking(lambda: (hello, k.run), args.fault)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,16 @@
 """The worker loop of the mqa-fuzz worker protocol (PROTOCOL.md), for Python adapters.
 
-Needs numpy only: safetensors files are read through numpy memmaps (a multi-GiB output
-never needs a second copy) and written with ``ndarray.tofile``. An adapter provides a
-``hello`` dict and a ``run(case) -> dict`` function and calls :func:`serve`.
+Needs numpy only. Protocol 2 (chosen when mqa-fuzz offers it in ``MQA_FUZZ_PROTOCOLS``)
+maps mqa-fuzz's shared-memory region once and reads every tensor as a view of it; the
+output is written in place. Protocol 1 reads safetensors files through numpy memmaps (a
+multi-GiB output never needs a second copy) and writes the output with ``ndarray.tofile``.
+
+An adapter provides a ``hello`` dict and a ``run(case) -> dict`` function and calls
+:func:`serve`; or, better, a ``setup() -> (hello, run)`` function and calls
+:func:`serve_forking`, which imports nothing twice: when mqa-fuzz asks for a fork server
+the process forks a fresh worker per worker life, and ``setup`` (device initialisation)
+runs in each child, so a restart after a device fault costs a fork, not an interpreter
+start and a library import.
 
 ``run`` fills ``case.logits`` (the whole guarded 1-D buffer, see :meth:`Case.interior`)
 and returns the optional result fields (``kernel_time_us``, ``inputs_intact``,
@@ -18,7 +26,7 @@ import traceback
 
 import numpy as np
 
-PROTOCOL = 1
+PROTOCOLS = (1, 2)
 POISON_BITS = 0x7FC0FFEE
 CHUNK_K = 256
 # Messages after which a CUDA/HIP context is unusable.
@@ -80,6 +88,39 @@ def write_safetensors(path, tensors):
             a.tofile(f)
 
 
+# ---- protocol 2: the shared region ---------------------------------------------------
+
+_REGION = {"path": None, "map": None}
+
+
+def chosen_protocol():
+    """The newest version both sides speak (1 when mqa-fuzz offers none: an old one)."""
+    offered = os.environ.get("MQA_FUZZ_PROTOCOLS", "")
+    both = [int(p) for p in offered.split(",") if p.strip().isdigit() and int(p) in PROTOCOLS]
+    return max(both, default=1)
+
+
+def shm_tensors(shm):
+    """name -> numpy view of the request's shared region (mapped once; mapped again
+    only when it grew past the mapping or is another region)."""
+    path, need = shm["path"], int(shm["bytes"])
+    m = _REGION["map"]
+    if _REGION["path"] != path or m is None or m.size < need:
+        _REGION["map"] = None
+        m = np.memmap(path, dtype=np.uint8, mode="r+", shape=(need,))
+        _REGION.update(path=path, map=m)
+    out = {}
+    for name, info in shm["tensors"].items():
+        dtype = np.dtype(_DTYPES[info["dtype"]])
+        shape = tuple(info["shape"])
+        n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        begin = int(info["offset"])
+        if begin < 0 or begin + n > need:
+            raise Crash(f"tensor {name}: {n} bytes at offset {begin} lie past the {need}-byte region")
+        out[name] = m[begin:begin + n].view(dtype).reshape(shape)
+    return out
+
+
 # ---- fp8 ------------------------------------------------------------------------------
 
 def fp8_table(fmt):
@@ -109,14 +150,21 @@ class Case:
                   "num_blocks", "kv_block_stride", "kv_cache_bytes", "max_model_len", "out_row_stride",
                   "rows", "max_blocks", "block_table_stride", "guard_elems"):
             setattr(self, k, req[k])
-        t = read_safetensors(req["case"])
+        if "shm" in req:
+            t = shm_tensors(req["shm"])
+        else:
+            t = read_safetensors(req["case"])
         self.q = np.asarray(t["q"])
         self.weights = np.asarray(t["weights"])
         self.context_lens = np.asarray(t["context_lens"])
         self.block_table = np.asarray(t["block_table"])
         self.kv_ids = np.asarray(t["kv_block_ids"])
         self.kv_blocks = np.asarray(t["kv_blocks"])
-        self.logits = np.array(t["logits"])  # writable copy, guards included
+        if "shm" in req:
+            self.logits = t["logits"]  # the region itself: written in place
+        else:
+            self.logits = np.array(t["logits"])  # writable copy, guards included
+        self.shm_logits = t["logits"] if "shm" in req else None
         self.lens_2d = self.context_lens.ndim == 2
         self.block_bytes = self.block_size * (self.head_dim + 4)
 
@@ -226,7 +274,8 @@ def capabilities(**over):
 
 class Faults:
     """Misbehaviour on purpose (``--fault``), counted in requests served by this process:
-    ``crash-at=N`` (abort), ``hang-at=N``, ``garbage-at=N``, ``crash-if-ctx-over=T``
+    ``crash-at=N`` (abort), ``kill-at=N`` (SIGKILL mid-case, as the kernel of the OOM
+    killer would), ``hang-at=N``, ``garbage-at=N``, ``crash-if-ctx-over=T``
     (abort on any case with a context length above T: deterministic, so shrinkable),
     ``skew`` (announce protocol 2)."""
 
@@ -237,8 +286,8 @@ class Faults:
                 self.kind = "skew"
             else:
                 kind, _, n = spec.partition("=")
-                if kind not in ("crash-at", "hang-at", "garbage-at", "crash-if-ctx-over") or not n.isdigit():
-                    raise SystemExit(f"--fault {spec!r}: expected crash-at=N, hang-at=N, garbage-at=N, crash-if-ctx-over=T or skew")
+                if kind not in ("crash-at", "kill-at", "hang-at", "garbage-at", "crash-if-ctx-over") or not n.isdigit():
+                    raise SystemExit(f"--fault {spec!r}: expected crash-at=N, kill-at=N, hang-at=N, garbage-at=N, crash-if-ctx-over=T or skew")
                 self.kind, self.n = kind, int(n)
 
     def before(self, served, req, proto_out):
@@ -246,6 +295,9 @@ class Faults:
                 self.kind == "crash-if-ctx-over" and _max_len(req["context_lens"]) > self.n):
             print(f"fault injection: aborting on request {served} (id {req['id']})", file=sys.stderr, flush=True)
             os.abort()
+        if self.kind == "kill-at" and served == self.n:
+            print(f"fault injection: SIGKILL on request {served} (id {req['id']})", file=sys.stderr, flush=True)
+            os.kill(os.getpid(), 9)
         if self.kind == "hang-at" and served == self.n:
             print(f"fault injection: hanging on request {served}", file=sys.stderr, flush=True)
             while True:
@@ -264,7 +316,7 @@ def _max_len(lens):
 
 
 def add_common_args(parser):
-    parser.add_argument("--fault", help="misbehave on purpose (tests): crash-at=N, hang-at=N, garbage-at=N, crash-if-ctx-over=T, skew")
+    parser.add_argument("--fault", help="misbehave on purpose (tests): crash-at=N, kill-at=N, hang-at=N, garbage-at=N, crash-if-ctx-over=T, skew")
 
 
 def protocol_stdout():
@@ -288,16 +340,18 @@ def refuse(kind, message, out=None):
     sys.exit(3)
 
 
-def serve(hello, run, fault_spec=None, out=None):
+def serve(hello, run, fault_spec=None, out=None, inp=None):
     """Sends ``hello`` (name, library, version, device, capabilities), then answers
     requests until stdin closes."""
     out = out or protocol_stdout()
+    inp = inp or sys.stdin
     faults = Faults(fault_spec)
-    msg = {"type": "hello", "protocol": PROTOCOL + (1 if faults.kind == "skew" else 0)}
+    version = chosen_protocol()
+    msg = {"type": "hello", "protocol": 3 if faults.kind == "skew" else version}
     msg.update(hello)
     send(out, msg)
     served = 0
-    for line in sys.stdin:
+    for line in inp:
         if not line.strip():
             continue
         served += 1
@@ -312,8 +366,13 @@ def serve(hello, run, fault_spec=None, out=None):
         try:
             case = Case(req)
             info = run(case) or {}
-            write_safetensors(req["output"], {"logits": case.logits})
-            res = {"type": "result", "id": rid, "output": req["output"]}
+            res = {"type": "result", "id": rid}
+            if case.shm_logits is not None:
+                if case.logits is not case.shm_logits:
+                    case.shm_logits[...] = case.logits  # an adapter that replaced the array
+            else:
+                write_safetensors(req["output"], {"logits": case.logits})
+                res["output"] = req["output"]
             res.update({k: v for k, v in info.items() if k in ("kernel_time_us", "inputs_intact", "device_bytes")})
             send(out, res)
         except Crash as e:
@@ -337,3 +396,104 @@ def serve(hello, run, fault_spec=None, out=None):
                 # The device context is gone after a fault: let mqa-fuzz start a fresh worker.
                 print("device fault: exiting so the next case gets a fresh context", file=sys.stderr, flush=True)
                 sys.exit(1)
+
+
+# ---- the fork server (PROTOCOL.md section 5) -----------------------------------------
+
+def serve_forking(setup, fault_spec=None, out=None):
+    """Serves as a fork server when mqa-fuzz offers it (``MQA_FUZZ_FORK_SERVER=1``),
+    otherwise as a plain worker. ``setup() -> (hello, run)`` runs in each worker life,
+    after the fork: initialise the device there, never before (a CUDA/HIP context does
+    not survive a fork). Whatever the adapter imported before calling this is shared by
+    every life."""
+    proto = out or protocol_stdout()
+    if os.environ.get("MQA_FUZZ_FORK_SERVER") != "1":
+        hello, run = _setup_or_refuse(setup, proto)
+        return serve(hello, run, fault_spec, out=proto)
+    import select
+    send(proto, {"type": "fork_server", "protocol": chosen_protocol(), "pid": os.getpid()})
+    lives, pending = {}, b""
+    while True:
+        ready, _, _ = select.select([0], [], [], 0.05)
+        _reap(lives, proto)
+        if not ready:
+            continue
+        chunk = os.read(0, 1 << 16)
+        if not chunk:
+            break  # mqa-fuzz closed our stdin: stop every life and exit
+        pending += chunk
+        while b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
+            if not line.strip():
+                continue
+            try:
+                msg = json.loads(line)
+            except ValueError as e:
+                send(proto, {"type": "error", "life": None, "message": f"bad fork request: {e}"})
+                continue
+            if msg.get("type") != "fork":
+                send(proto, {"type": "error", "life": msg.get("life"), "message": f"unknown request {msg.get('type')!r}"})
+                continue
+            pid = os.fork()
+            if pid == 0:
+                _life(msg, proto, setup, fault_spec)  # never returns
+            lives[pid] = msg["life"]
+            send(proto, {"type": "forked", "life": msg["life"], "pid": pid})
+    for pid in list(lives):
+        try:
+            os.killpg(pid, 9)
+        except OSError:
+            pass
+    sys.exit(0)
+
+
+def _reap(lives, proto):
+    """Reports every life that ended."""
+    while lives:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        life = lives.pop(pid, None)
+        if life is None:
+            continue
+        if os.WIFSIGNALED(status):
+            sig = os.WTERMSIG(status)
+            names = {6: " (SIGABRT)", 9: " (SIGKILL)", 11: " (SIGSEGV)", 7: " (SIGBUS)"}
+            text = f"killed by signal {sig}{names.get(sig, '')}"
+        else:
+            text = f"exit status {os.WEXITSTATUS(status)}"
+        send(proto, {"type": "exited", "life": life, "pid": pid, "status": text})
+
+
+def _life(msg, server_proto, setup, fault_spec):
+    """A forked worker life: its own process group and pipes, then the protocol."""
+    code = 1
+    try:
+        os.setpgid(0, 0)
+        server_proto.close()  # the server's protocol stream is not ours
+        fd_in = os.open(msg["stdin"], os.O_RDONLY)
+        fd_out = os.open(msg["stdout"], os.O_WRONLY)
+        os.dup2(fd_in, 0)
+        os.close(fd_in)
+        out = os.fdopen(fd_out, "w", buffering=1)
+        inp = os.fdopen(0, "r", closefd=False)
+        hello, run = _setup_or_refuse(setup, out)
+        serve(hello, run, fault_spec, out=out, inp=inp)
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException:  # noqa: BLE001 - a life never returns into the server loop
+        traceback.print_exc(file=sys.stderr)
+    finally:
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _setup_or_refuse(setup, out=None):
+    try:
+        return setup()
+    except Environment as e:
+        refuse("environment", str(e), out)
