@@ -522,3 +522,92 @@ fn a_forked_worker_killed_mid_case_is_a_crash_and_the_next_life_runs_on() {
         }
     }
 }
+
+/// The shape-epoch key fields of every generated case of a `--cases 48` campaign of the
+/// numpy adapter declaring `compile_key` (empty: none), with `extra` arguments.
+fn epoch_keys(name: &str, compile_key: &str, extra: &[&str]) -> Vec<(u64, u64, u64)> {
+    let dir = std::env::temp_dir().join(format!("mqa-epochs-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let script = format!("{FAKES}/../numpy_adapter.py");
+    let kernel = match compile_key {
+        "" => format!("exec:python3 {script}"),
+        k => format!("exec:python3 {script} --compile-key {k}"),
+    };
+    let report = dir.join("r");
+    let mut args = vec![
+        "run",
+        "--kernel",
+        &kernel,
+        "--profile",
+        "layout",
+        "--cases",
+        "48",
+    ];
+    args.extend([
+        "--seed",
+        "4",
+        "--no-replay",
+        "--no-shrink",
+        "-q",
+        "--report",
+    ]);
+    let report_s = report.display().to_string();
+    let corpus_s = dir.join("c").display().to_string();
+    args.extend([report_s.as_str(), "--corpus", corpus_s.as_str()]);
+    args.extend(extra);
+    let out = Command::new(env!("CARGO_BIN_EXE_mqa-fuzz"))
+        .args(&args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.code().unwrap_or(9) <= 1,
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let log = std::fs::read_to_string(report.join("cases.jsonl")).unwrap();
+    let mut keys: Vec<(u64, (u64, u64, u64))> = log
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            let r = &v["recipe"];
+            let f = |n: &str| r[n].as_u64().unwrap();
+            (
+                v["k"].as_u64().unwrap(),
+                (f("heads"), f("head_dim"), f("next_n")),
+            )
+        })
+        .collect();
+    keys.sort();
+    let _ = std::fs::remove_dir_all(&dir);
+    keys.into_iter().map(|(_, k)| k).collect()
+}
+
+/// A kernel that declares a compile key gets cases in shape epochs: 16 consecutive cases
+/// share heads and head dim (their next_n, lengths and the rest vary), and the epochs
+/// differ from each other; without a key, or with `--shape-epoch 1`, shapes change from
+/// case to case.
+#[test]
+fn shape_epochs_group_cases_by_the_declared_compile_key() {
+    require_python!("numpy");
+    let distinct = |v: &[(u64, u64, u64)]| {
+        let mut s: Vec<_> = v.iter().map(|&(h, d, _)| (h, d)).collect();
+        s.sort();
+        s.dedup();
+        s.len()
+    };
+    let pinned = epoch_keys("key", "heads,head_dim", &["--shape-epoch", "16"]);
+    assert_eq!(pinned.len(), 48);
+    for epoch in pinned.chunks(16) {
+        assert_eq!(distinct(epoch), 1, "one key per epoch: {epoch:?}");
+    }
+    assert!(distinct(&pinned) >= 2, "epochs draw new keys: {pinned:?}");
+    let next_n: std::collections::BTreeSet<u64> = pinned.iter().map(|k| k.2).collect();
+    assert!(
+        next_n.len() >= 2,
+        "fields outside the key still vary: {pinned:?}"
+    );
+    let free = epoch_keys("nokey", "", &[]);
+    assert!(distinct(&free[..16]) >= 3, "no key, no epochs: {free:?}");
+    let off = epoch_keys("off", "heads,head_dim", &["--shape-epoch", "1"]);
+    assert_eq!(off, free, "--shape-epoch 1 is the campaign without epochs");
+}

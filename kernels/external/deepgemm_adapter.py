@@ -41,85 +41,92 @@ def main():
         import deep_gemm
     except Exception as e:  # noqa: BLE001
         pc.refuse("environment", f"cannot import deep_gemm/torch: {type(e).__name__}: {e}", out)
-    if not torch.cuda.is_available() and not getattr(deep_gemm, "MQA_FUZZ_FAKE", False):
-        pc.refuse("environment", "no CUDA device visible to torch", out)
-    dev = tc.device()
-    if dev.type == "cuda":
-        major = torch.cuda.get_device_capability(dev)[0]
-        if major != 9:
-            pc.refuse("environment", f"only SM90 is supported by this adapter (found sm{major}x)", out)
+    def setup():
+        """Device checks, the hello and the kernel: run in each worker life, after
+        the fork server forked it (no device is touched before)."""
+        if not torch.cuda.is_available() and not getattr(deep_gemm, "MQA_FUZZ_FAKE", False):
+            raise pc.Environment("no CUDA device visible to torch")
+        dev = tc.device()
+        if dev.type == "cuda":
+            major = torch.cuda.get_device_capability(dev)[0]
+            if major != 9:
+                raise pc.Environment(f"only SM90 is supported by this adapter (found sm{major}x)")
 
-    api = args.api
-    if api == "auto":
-        api = "fp8_fp4" if hasattr(deep_gemm, "fp8_fp4_paged_mqa_logits") else "fp8"
-    if api == "fp8" and not hasattr(deep_gemm, "fp8_paged_mqa_logits"):
-        pc.refuse("environment", "this deep_gemm has no fp8_paged_mqa_logits", out)
-    if api == "fp8_fp4" and args.clean_logits:
-        pc.refuse("environment", "--clean-logits needs the 2.1.x entry point fp8_paged_mqa_logits", out)
-    version = getattr(deep_gemm, "__version__", None)
-    if version is None:
-        try:
-            from importlib.metadata import version as v
-            version = next((v(d) for d in ("deep_gemm", "deepinfer_gemm", "deep-gemm") if _has_dist(d)), "unknown")
-        except Exception:  # noqa: BLE001
-            version = "unknown"
-    free, total = torch.cuda.mem_get_info(dev) if dev.type == "cuda" else (8 << 30, 8 << 30)
-    caps = pc.capabilities(
-        formats=["e4m3fn"],
-        layouts=["normal"],
-        block_sizes={"list": [64]},
-        next_n=[1, 2],
-        heads=[32, 64],
-        head_dims=[32, 64, 128],
-        lens_1d=True,
-        lens_2d=api == "fp8_fp4",
-        scale_placement="after_relu_sum",
-        accumulation={"kind": "reduced", "rel": args.rel},
-        outside="neg_inf" if args.clean_logits else "any",
-        max_kv_bytes=int(free * 0.6),
-        hostile_values=True,
-        nan_behaviour="fmaxf(NaN, 0) = 0 inside: NaN in q or k becomes 0",
-    )
-    entry = "fp8_fp4_paged_mqa_logits" if api == "fp8_fp4" else "fp8_paged_mqa_logits"
-    note = " (1-D lengths expanded to 2-D)" if api == "fp8_fp4" else (" clean_logits=True" if args.clean_logits else "")
-    hello = {"name": f"deepgemm:{entry}{note}", "library": "deep_gemm", "version": str(version),
-             "device": tc.device_name(dev), "capabilities": caps}
-    num_sms = deep_gemm.get_num_sms()
+        api = args.api
+        if api == "auto":
+            api = "fp8_fp4" if hasattr(deep_gemm, "fp8_fp4_paged_mqa_logits") else "fp8"
+        if api == "fp8" and not hasattr(deep_gemm, "fp8_paged_mqa_logits"):
+            raise pc.Environment("this deep_gemm has no fp8_paged_mqa_logits")
+        if api == "fp8_fp4" and args.clean_logits:
+            raise pc.Environment("--clean-logits needs the 2.1.x entry point fp8_paged_mqa_logits")
+        version = getattr(deep_gemm, "__version__", None)
+        if version is None:
+            try:
+                from importlib.metadata import version as v
+                version = next((v(d) for d in ("deep_gemm", "deepinfer_gemm", "deep-gemm") if _has_dist(d)), "unknown")
+            except Exception:  # noqa: BLE001
+                version = "unknown"
+        free, total = torch.cuda.mem_get_info(dev) if dev.type == "cuda" else (8 << 30, 8 << 30)
+        caps = pc.capabilities(
+            formats=["e4m3fn"],
+            layouts=["normal"],
+            block_sizes={"list": [64]},
+            next_n=[1, 2],
+            heads=[32, 64],
+            head_dims=[32, 64, 128],
+            lens_1d=True,
+            lens_2d=api == "fp8_fp4",
+            scale_placement="after_relu_sum",
+            accumulation={"kind": "reduced", "rel": args.rel},
+            outside="neg_inf" if args.clean_logits else "any",
+            max_kv_bytes=int(free * 0.6),
+            hostile_values=True,
+            nan_behaviour="fmaxf(NaN, 0) = 0 inside: NaN in q or k becomes 0",
+        )
+        entry = "fp8_fp4_paged_mqa_logits" if api == "fp8_fp4" else "fp8_paged_mqa_logits"
+        note = " (1-D lengths expanded to 2-D)" if api == "fp8_fp4" else (" clean_logits=True" if args.clean_logits else "")
+        hello = {"name": f"deepgemm:{entry}{note}", "library": "deep_gemm", "version": str(version),
+                 "device": tc.device_name(dev), "capabilities": caps,
+                 "compile_key": ["heads", "head_dim", "next_n"]}
+        num_sms = deep_gemm.get_num_sms()
 
-    def run(case):
-        tc.reset_peak(dev)
-        q, w, lens, table = tc.inputs(case, dev)
-        if api == "fp8_fp4":
-            lens = torch.from_numpy(tc.lens_2d(case)).to(dev)
-        flat, kv = tc.kv_cache(case, dev)
-        if w.stride(0) * 4 % 16:
-            raise pc.Skipped("weights rows must be 16-byte aligned (H multiple of 4)")
-        if case.kv_block_stride % 16:
-            # DeepGEMM builds TMA descriptors over the cache and asserts
-            # num_gmem_stride_1_bytes % 16 == 0 (a RuntimeError, not a fault): an input
-            # it documents it cannot take, so a skip with the reason, not a finding.
-            raise pc.Skipped("DeepGEMM's TMA descriptors need a 16-byte aligned KV block stride")
-        before = tc.checksum(q, w, lens, table, flat)
-        meta = deep_gemm.get_paged_mqa_logits_metadata(lens, case.block_size, num_sms)
-        # Poison the block DeepGEMM's torch.empty will receive.
-        aligned = -(-case.max_model_len // 256) * 256
-        pre = torch.full((case.rows * aligned,), float(tc.poison_f32()), dtype=torch.float32, device=dev)
-        pre_ptr = pre.data_ptr()
-        del pre
-        if api == "fp8_fp4":
-            call = lambda: deep_gemm.fp8_fp4_paged_mqa_logits((q, None), kv, w, lens, table, meta, case.max_model_len)  # noqa: E731
-        else:
-            call = lambda: deep_gemm.fp8_paged_mqa_logits(q, kv, w, lens, table, meta, case.max_model_len, args.clean_logits)  # noqa: E731
-        logits, us = tc.timed(dev, call)
-        if logits.data_ptr() != pre_ptr:
-            print("note: DeepGEMM's output is not the pre-poisoned block: unwritten positions hold stale data",
-                  file=sys.stderr, flush=True)
-        after = tc.checksum(q, w, lens, table, flat)
-        interior = case.interior()
-        interior[:, :case.max_model_len] = logits.float().cpu().numpy()
-        return {"kernel_time_us": us, "inputs_intact": before == after, "device_bytes": tc.device_bytes(dev)}
+        def run(case):
+            tc.reset_peak(dev)
+            q, w, lens, table = tc.inputs(case, dev)
+            if api == "fp8_fp4":
+                lens = torch.from_numpy(tc.lens_2d(case)).to(dev)
+            flat, kv = tc.kv_cache(case, dev)
+            if w.stride(0) * 4 % 16:
+                raise pc.Skipped("weights rows must be 16-byte aligned (H multiple of 4)")
+            if case.kv_block_stride % 16:
+                # DeepGEMM builds TMA descriptors over the cache and asserts
+                # num_gmem_stride_1_bytes % 16 == 0 (a RuntimeError, not a fault): an input
+                # it documents it cannot take, so a skip with the reason, not a finding.
+                raise pc.Skipped("DeepGEMM's TMA descriptors need a 16-byte aligned KV block stride")
+            before = tc.checksum(q, w, lens, table, flat)
+            meta = deep_gemm.get_paged_mqa_logits_metadata(lens, case.block_size, num_sms)
+            # Poison the block DeepGEMM's torch.empty will receive.
+            aligned = -(-case.max_model_len // 256) * 256
+            pre = torch.full((case.rows * aligned,), float(tc.poison_f32()), dtype=torch.float32, device=dev)
+            pre_ptr = pre.data_ptr()
+            del pre
+            if api == "fp8_fp4":
+                call = lambda: deep_gemm.fp8_fp4_paged_mqa_logits((q, None), kv, w, lens, table, meta, case.max_model_len)  # noqa: E731
+            else:
+                call = lambda: deep_gemm.fp8_paged_mqa_logits(q, kv, w, lens, table, meta, case.max_model_len, args.clean_logits)  # noqa: E731
+            logits, us = tc.timed(dev, call)
+            if logits.data_ptr() != pre_ptr:
+                print("note: DeepGEMM's output is not the pre-poisoned block: unwritten positions hold stale data",
+                      file=sys.stderr, flush=True)
+            after = tc.checksum(q, w, lens, table, flat)
+            interior = case.interior()
+            interior[:, :case.max_model_len] = logits.float().cpu().numpy()
+            if before != after:
+                tc.forget_cache()  # the kernel wrote into its inputs: poison all again
+            return {"kernel_time_us": us, "inputs_intact": before == after, "device_bytes": tc.device_bytes(dev)}
+        return hello, run
 
-    pc.serve(hello, run, args.fault, out)
+    pc.serve_forking(setup, args.fault, out)
 
 
 def _has_dist(name):

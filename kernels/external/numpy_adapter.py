@@ -174,6 +174,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--plant", type=plant_list, default=[], metavar="BUG[,BUG...]",
                     help="reproduce planted bugs (comma-separated): " + ", ".join(PLANTS))
+    ap.add_argument("--compile-key", default="", metavar="FIELD[,FIELD...]",
+                    help="declare a compile key (as a JIT-compiling library would), e.g. heads,head_dim,next_n")
     pc.add_common_args(ap)
     args = ap.parse_args()
     k = Kernel(args.plant)
@@ -185,6 +187,8 @@ def main():
         "device": "cpu",
         "capabilities": pc.capabilities(nan_behaviour="propagates NaN through dot and head sum"),
     }
+    if args.compile_key:
+        hello["compile_key"] = args.compile_key.split(",")
     pc.serve_forking(lambda: (hello, k.run), args.fault)
 
 

@@ -5,6 +5,7 @@
 
 use super::{value_tree, Config};
 use crate::case::Case;
+use crate::generate::epoch::{self, Epochs};
 use crate::generate::strategy::draw_strategy_scaled;
 use crate::generate::{Draw, Profile, Recipe};
 use crate::harness::{self, ReferenceCache};
@@ -24,6 +25,8 @@ pub(super) struct Engine<'a> {
     pub verify: VerifyMode,
     /// How production (engine-model) cases are verified.
     pub production_verify: VerifyMode,
+    /// Shape epochs over the kernels' compile key (`--shape-epoch`; `None`: off).
+    pub epochs: Option<Epochs>,
 }
 
 /// One kernel's judged run of a case.
@@ -97,10 +100,38 @@ impl Engine<'_> {
         (recipe, case, adjust)
     }
 
+    /// The draw of case `k`: its own, with the compile key of its shape epoch's leader
+    /// (see `generate::epoch`).
+    pub fn draw(&self, k: u64, seed: u64) -> Draw {
+        self.in_epoch(k, value_tree(&self.strategy(k), seed).current())
+    }
+
+    /// `draw` (of case `k`, or a shrink step of it) with its epoch's compile key.
+    pub fn in_epoch(&self, k: u64, mut draw: Draw) -> Draw {
+        if let Some(ep) = &self.epochs {
+            if let Some(leader) = self.epoch_leader(ep, k, draw.engine.is_some()) {
+                epoch::pin(&mut draw, &leader, &ep.fields);
+            }
+        }
+        draw
+    }
+
+    /// The leader of case `k`'s epoch: a draw of the epoch's own seed, of the
+    /// production kind or not as asked (the first of a few seeds that gives one).
+    fn epoch_leader(&self, ep: &Epochs, k: u64, production: bool) -> Option<Draw> {
+        const SALT: u64 = 0x5eed_e90c;
+        let e = ep.of(k);
+        (0..16u64).find_map(|t| {
+            let seed = super::case_seed(self.cfg.seed ^ SALT, (e << 4) | t);
+            let d = value_tree(&self.strategy(e * ep.len), seed).current();
+            (d.engine.is_some() == production).then_some(d)
+        })
+    }
+
     /// Generates case `k` from its seed, runs it on every kernel and judges it.
     pub fn run_case(&self, k: u64, seed: u64) -> CaseDone {
         let t0 = Instant::now();
-        let draw = value_tree(&self.strategy(k), seed).current();
+        let draw = self.draw(k, seed);
         let (recipe, case, adjustments) = self.materialize(&draw);
         let generate_secs = t0.elapsed().as_secs_f64();
         let judgement = match case.validate() {

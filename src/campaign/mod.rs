@@ -73,6 +73,9 @@ pub struct Config {
     pub properties: crate::property::PropertyConfig,
     /// compute-sanitizer re-runs of shrunk crashes (`crate::finding::sanitizer`).
     pub sanitize: crate::finding::sanitizer::SanitizeConfig,
+    /// Cases per shape epoch (`--shape-epoch`; `None`: the default where a kernel
+    /// declares a compile key; 0 or 1: off).
+    pub shape_epoch: Option<u64>,
 }
 
 /// Production cases of CPU kernels have an engine's geometry (pool, strides, ids, batch,
@@ -110,6 +113,7 @@ impl Config {
             scale: None,
             properties: Default::default(),
             sanitize: Default::default(),
+            shape_epoch: None,
         }
     }
 }

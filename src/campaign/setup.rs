@@ -3,8 +3,9 @@
 
 use super::{interrupt, Config, Engine, CPU_PRODUCTION_SCALE, CPU_PRODUCTION_VERIFY};
 use crate::error::Fatal;
+use crate::generate::epoch::Epochs;
 use crate::generate::Profile;
-use crate::kernel::{self, Kernel};
+use crate::kernel::{self, CompileField, Kernel};
 use crate::reference::verify::VerifyMode;
 use crate::report::{self, KernelInfo, KernelStats, Report, REPORT_VERSION};
 use std::path::Path;
@@ -117,6 +118,7 @@ pub(super) fn start(
             }
         );
     }
+    let epochs = shape_epochs(cfg, &kernels);
     let engine = Engine {
         cfg,
         kernels,
@@ -124,9 +126,35 @@ pub(super) fn start(
         scale,
         verify: cfg.verify.unwrap_or_default(),
         production_verify,
+        epochs,
     };
     Ok((engine, corpus))
 }
+
+/// Shape epochs over the union of the kernels' compile keys: `--shape-epoch N`, by
+/// default [`DEFAULT_SHAPE_EPOCH`] cases where any kernel declares a key (said in one
+/// line), none otherwise.
+fn shape_epochs(cfg: &Config, kernels: &[Box<dyn Kernel>]) -> Option<Epochs> {
+    let fields: Vec<CompileField> = kernels
+        .iter()
+        .flat_map(|k| k.compile_key().iter().copied())
+        .collect();
+    let len = cfg.shape_epoch.unwrap_or(DEFAULT_SHAPE_EPOCH);
+    let epochs = Epochs::new(len, fields)?;
+    if !cfg.quiet {
+        let names: Vec<&str> = epochs.fields.iter().map(|f| f.name()).collect();
+        eprintln!(
+            "mqa-fuzz: shape epochs of {len} cases: the kernels compile per {} (--shape-epoch 1 turns this off)",
+            names.join(", ")
+        );
+    }
+    Some(epochs)
+}
+
+/// Cases per shape epoch by default: long enough that a JIT compile of ~10 s is a
+/// fraction of the epoch at tens of cases a second, short enough that a 3-minute
+/// campaign still visits several keys.
+pub const DEFAULT_SHAPE_EPOCH: u64 = 64;
 
 /// The report before the first case: who, what, where, and an empty tally per kernel.
 pub(super) fn new_report(engine: &Engine, started_unix: u64) -> Report {

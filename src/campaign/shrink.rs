@@ -59,7 +59,8 @@ pub(super) fn shrink(
 ) -> Shrunk {
     let began = Instant::now();
     let mut tree = value_tree(&engine.strategy(k), seed);
-    let (recipe, _, _) = engine.materialize(&tree.current());
+    // Shrink steps keep the epoch's compile key: a shrink never waits for a compiler.
+    let (recipe, _, _) = engine.materialize(&engine.in_epoch(k, tree.current()));
     let mut best = Shrunk::unshrunk(&recipe, start.0, start.1);
     if !tree.simplify() {
         return best;
@@ -71,7 +72,7 @@ pub(super) fn shrink(
             break;
         }
         steps += 1;
-        let (recipe, cand, _) = engine.materialize(&tree.current());
+        let (recipe, cand, _) = engine.materialize(&engine.in_epoch(k, tree.current()));
         let mut fails = false;
         if cand.validate().is_ok() {
             let (verdict, evidence) = run(&cand);

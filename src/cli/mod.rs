@@ -340,6 +340,12 @@ pub struct RunArgs {
     /// 1/64 for CPU kernels.
     #[arg(long, value_parser = parse_scale, allow_hyphen_values = true)]
     pub scale: Option<f64>,
+    /// Cases per shape epoch for kernels that declare a compile key (libraries that
+    /// JIT-compile per heads, head dim, next_n...): consecutive cases share the key's
+    /// fields, everything else varies. Default 64 where a kernel declares a key; 1 turns
+    /// it off.
+    #[arg(long, value_name = "N")]
+    pub shape_epoch: Option<u64>,
     /// Stop generating after this many distinct findings (e.g. 1 for a quick gate).
     #[arg(long)]
     pub max_findings: Option<usize>,

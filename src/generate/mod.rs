@@ -4,6 +4,7 @@
 //! [`Case`]: crate::case::Case
 
 pub mod engine;
+pub mod epoch;
 pub mod pool;
 pub mod recipe;
 pub mod strategy;
