@@ -611,3 +611,75 @@ fn shape_epochs_group_cases_by_the_declared_compile_key() {
     let off = epoch_keys("off", "heads,head_dim", &["--shape-epoch", "1"]);
     assert_eq!(off, free, "--shape-epoch 1 is the campaign without epochs");
 }
+
+/// A worker that cannot start again after a crash (its library fails to import a second
+/// time): mqa-fuzz retries with back-off, then stops with exit 3, keeps the crash it
+/// found (saved to the corpus, in the report) and says in the headline why it stopped.
+#[test]
+fn a_worker_that_cannot_restart_stops_the_campaign_but_keeps_its_findings() {
+    require_python!("numpy");
+    let dir = std::env::temp_dir().join(format!("mqa-norestart-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = dir.join("w.sh");
+    let flag = dir.join("started");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nif [ -e '{}' ]; then echo 'cannot import the library a second time' >&2; exit 1; fi\ntouch '{}'\nexec python3 {FAKES}/../numpy_adapter.py --fault crash-at=2\n",
+            flag.display(),
+            flag.display()
+        ),
+    )
+    .unwrap();
+    let kernel = format!("exec:sh {}", script.display());
+    let (report, corpus) = (dir.join("r"), dir.join("c"));
+    let t0 = std::time::Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_mqa-fuzz"))
+        .args([
+            "run",
+            "--kernel",
+            &kernel,
+            "--profile",
+            "layout",
+            "--cases",
+            "12",
+        ])
+        .args([
+            "--seed",
+            "1",
+            "--no-replay",
+            "--no-shrink",
+            "-q",
+            "--report",
+        ])
+        .arg(&report)
+        .arg("--corpus")
+        .arg(&corpus)
+        .env("MQA_FUZZ_EXEC_FORK", "0")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(
+        stderr.contains("retrying in"),
+        "each failed restart is logged: {stderr}"
+    );
+    assert!(
+        stderr.contains("cannot import the library a second time"),
+        "{stderr}"
+    );
+    assert!(t0.elapsed().as_secs() < 60);
+    let summary = std::fs::read_to_string(report.join("summary.md")).unwrap();
+    assert!(
+        summary.contains("STOPPED EARLY: the worker could not be restarted"),
+        "{summary}"
+    );
+    let saved: Vec<_> = std::fs::read_dir(&corpus).unwrap().collect();
+    assert_eq!(saved.len(), 1, "the crash found before is saved");
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(report.join("report.json")).unwrap())
+            .unwrap();
+    assert_eq!(r["findings"].as_array().map(Vec::len), Some(1));
+    let _ = std::fs::remove_dir_all(&dir);
+}

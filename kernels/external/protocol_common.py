@@ -398,7 +398,7 @@ def serve(hello, run, fault_spec=None, out=None, inp=None):
                 sys.exit(1)
 
 
-# ---- the fork server (PROTOCOL.md section 5) -----------------------------------------
+# ---- the fork server (PROTOCOL.md section 4) -----------------------------------------
 
 def serve_forking(setup, fault_spec=None, out=None):
     """Serves as a fork server when mqa-fuzz offers it (``MQA_FUZZ_FORK_SERVER=1``),

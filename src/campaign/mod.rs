@@ -208,6 +208,10 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
     let detections = book.detections.clone();
     report.findings = book.into_findings();
     report.interrupted = interrupt::requested() && env_error.is_none();
+    report.stopped_early = env_error.clone();
+    for (info, k) in report.kernels.iter_mut().zip(&engine.kernels) {
+        info.worker = k.worker_report();
+    }
     report.finished_unix = crate::util::unix_now();
     report.timings.wall_secs = started.elapsed().as_secs_f64();
     setup::write_report(&cfg.report_dir, &report, &log.text())?;

@@ -177,6 +177,7 @@ pub(super) fn new_report(engine: &Engine, started_unix: u64) -> Report {
                 version: k.version(),
                 planted_bug: kernel::is_planted_bug(k.name()),
                 capabilities: serde_json::to_value(k.capabilities()).unwrap_or_default(),
+                worker: k.worker_report(),
             })
             .collect(),
         profile: cfg.profile.name().to_string(),

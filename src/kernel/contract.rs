@@ -228,6 +228,21 @@ pub fn compile_key_of(fields: &[CompileField], case: &Case) -> Option<String> {
     Some(parts.join(" "))
 }
 
+/// How a kernel's worker processes ran (`exec:` kernels), for the report.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct WorkerReport {
+    /// The protocol version the workers speak.
+    pub protocol: u64,
+    /// Whether workers are forked by a fork server.
+    pub fork_server: bool,
+    /// Workers started again after a crash, and how long that took.
+    pub restarts: u64,
+    /// Start attempts that failed and were retried.
+    pub restart_retries: u64,
+    pub restart_max_secs: f64,
+    pub restart_mean_secs: f64,
+}
+
 /// A kernel under test.
 pub trait Kernel: Send + Sync {
     /// Full name as given on the command line (`cpu:chunked`, `cuda:tiled`, `exec:...`).
@@ -251,6 +266,10 @@ pub trait Kernel: Send + Sync {
     /// build serves every case.
     fn compile_key(&self) -> &[CompileField] {
         &[]
+    }
+    /// Its worker processes, for kernels that run in them.
+    fn worker_report(&self) -> Option<WorkerReport> {
+        None
     }
     /// Runs the case into `out` (poisoned, guarded, owned by the harness).
     fn run(&self, case: &Case, out: &mut OutputBuffer) -> Result<RunInfo, RunError>;

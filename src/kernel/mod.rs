@@ -20,7 +20,7 @@ pub mod registry;
 
 pub use contract::{
     compile_key_of, Accumulation, BlockSizes, Capabilities, CompileField, Kernel, KernelEntry,
-    OpenError, OutsideContract, RunError, RunInfo,
+    OpenError, OutsideContract, RunError, RunInfo, WorkerReport,
 };
 pub use output::{OutputBuffer, GUARD_ELEMS, POISON_BITS};
 pub use plant::Plant;

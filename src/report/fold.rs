@@ -90,6 +90,7 @@ pub fn merge(reports: &[Report]) -> Report {
         .unwrap_or(0);
     m.finished_unix = reports.iter().map(|r| r.finished_unix).max().unwrap_or(0);
     m.interrupted = reports.iter().any(|r| r.interrupted);
+    m.stopped_early = reports.iter().find_map(|r| r.stopped_early.clone());
     m.budget_secs = reports
         .iter()
         .filter_map(|r| r.budget_secs)

@@ -174,6 +174,12 @@ fn percent(x: f64) -> String {
     }
 }
 
+/// The first line of a (possibly multi-line) message, without a stderr tail.
+fn first_line(s: &str) -> &str {
+    let line = s.lines().next().unwrap_or("");
+    line.split("; stderr tail").next().unwrap_or(line)
+}
+
 /// One line per kernel (a single line for a single-kernel campaign).
 pub fn headline(report: &Report) -> String {
     if report.per_kernel.is_empty() {
@@ -185,6 +191,11 @@ pub fn headline(report: &Report) -> String {
         .map(|(n, k)| kernel_headline(n, k))
         .collect();
     lines.extend(property_lines(report));
+    if let Some(why) = &report.stopped_early {
+        if let Some(first) = lines.first_mut() {
+            first.insert_str(0, &format!("(STOPPED EARLY: {}) ", first_line(why)));
+        }
+    }
     if report.interrupted {
         if let Some(first) = lines.first_mut() {
             first.insert_str(0, "(interrupted) ");
@@ -247,7 +258,7 @@ pub fn throughput(r: &Report) -> Vec<String> {
             t.wall_secs
         )
     };
-    vec![
+    let mut lines = vec![
         rate,
         format!(
             "time (summed over jobs): generate {:.1} s, reference {:.1} s, judge {:.1} s, shrink {:.1} s; {}",
@@ -257,7 +268,33 @@ pub fn throughput(r: &Report) -> Vec<String> {
             t.shrink_secs,
             kernels.join("; ")
         ),
-    ]
+    ];
+    let workers: Vec<String> = r
+        .kernels
+        .iter()
+        .filter_map(|k| Some((k, k.worker.as_ref()?)))
+        .map(|(k, w)| {
+            let restarts = match w.restarts {
+                0 => "no restarts".to_string(),
+                n => format!(
+                    "{n} restart{} (mean {:.2} s, max {:.2} s{})",
+                    if n == 1 { "" } else { "s" },
+                    w.restart_mean_secs,
+                    w.restart_max_secs,
+                    match w.restart_retries {
+                        0 => String::new(),
+                        r => format!(", {r} failed attempts retried"),
+                    }
+                ),
+            };
+            let fork = if w.fork_server { ", fork server" } else { "" };
+            format!("{}: protocol {}{fork}, {restarts}", k.name, w.protocol)
+        })
+        .collect();
+    if !workers.is_empty() {
+        lines.push(format!("workers: {}", workers.join("; ")));
+    }
+    lines
 }
 
 /// Median kernel launch time per shape class, the most frequent classes first, as

@@ -24,6 +24,10 @@ pub struct Report {
     pub finished_unix: u64,
     /// Stopped early (Ctrl-C, SIGTERM): the counts cover what ran.
     pub interrupted: bool,
+    /// Why the campaign stopped before its budget, when the environment stopped it (a
+    /// worker that could not be restarted, a device gone): what ran is reported.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stopped_early: Option<String>,
     pub environment: Environment,
     pub kernels: Vec<KernelInfo>,
     pub profile: String,
@@ -61,6 +65,10 @@ pub struct KernelInfo {
     pub version: String,
     pub planted_bug: bool,
     pub capabilities: serde_json::Value,
+    /// Worker processes (`exec:` kernels and isolated built-ins): protocol, fork
+    /// server, restarts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker: Option<crate::kernel::WorkerReport>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]

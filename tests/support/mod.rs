@@ -87,6 +87,7 @@ pub fn campaign_with(
             version: k.version(),
             planted_bug: kernel_name.contains("bug"),
             capabilities: serde_json::json!({}),
+            worker: None,
         }],
         ..Default::default()
     };

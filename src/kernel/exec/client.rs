@@ -42,7 +42,7 @@ pub struct ExecConfig {
     pub handshake_timeout: Duration,
     /// Copy the workers' stderr to ours as it arrives (otherwise only kept for reports).
     pub forward_stderr: bool,
-    /// Offer workers to run as fork servers (`MQA_FUZZ_FORK_SERVER=1`; PROTOCOL.md §5).
+    /// Offer workers to run as fork servers (`MQA_FUZZ_FORK_SERVER=1`; PROTOCOL.md §4).
     pub fork_server: bool,
     /// The protocol versions offered (`MQA_FUZZ_PROTOCOLS`); a worker must pick one.
     pub protocols: Vec<u64>,
@@ -170,6 +170,8 @@ pub struct ExecKernel {
     next_id: AtomicU64,
     offered: Vec<u64>,
     restarts: Mutex<RestartStats>,
+    /// Whether the first worker came from a fork server.
+    forked: bool,
 }
 
 impl ExecKernel {
@@ -182,6 +184,7 @@ impl ExecKernel {
         let mut slots = Vec::with_capacity(n);
         let mut hello: Option<Hello> = None;
         let mut hellos = Vec::with_capacity(n);
+        let mut forked = false;
         for k in 0..n {
             let env = config.worker_envs.get(k).cloned().unwrap_or_default();
             let dir = make_temp_dir()?;
@@ -205,6 +208,7 @@ impl ExecKernel {
                 }
                 Some(_) => {}
             }
+            forked = forked || slot.source.server.is_some();
             slots.push(Mutex::new(slot));
         }
         Ok(ExecKernel {
@@ -218,6 +222,7 @@ impl ExecKernel {
             next_id: AtomicU64::new(1),
             offered,
             restarts: Mutex::new(RestartStats::default()),
+            forked,
         })
     }
 
@@ -550,6 +555,22 @@ impl Kernel for ExecKernel {
 
     fn compile_key(&self) -> &[crate::kernel::CompileField] {
         &self.hello.compile_key
+    }
+
+    fn worker_report(&self) -> Option<crate::kernel::WorkerReport> {
+        let r = self.restart_stats();
+        Some(crate::kernel::WorkerReport {
+            protocol: self.hello.protocol,
+            fork_server: self.forked,
+            restarts: r.restarts,
+            restart_retries: r.retries,
+            restart_max_secs: r.max_secs,
+            restart_mean_secs: if r.restarts > 0 {
+                r.total_secs / r.restarts as f64
+            } else {
+                0.0
+            },
+        })
     }
 
     fn run(&self, case: &Case, out: &mut OutputBuffer) -> Result<RunInfo, RunError> {

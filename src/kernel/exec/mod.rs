@@ -1,12 +1,15 @@
 //! `exec:` kernels: any process that speaks the worker protocol (JSON lines on
-//! stdin/stdout, tensors in safetensors files; `kernels/external/PROTOCOL.md`).
+//! stdin/stdout; tensors in a shared-memory region (version 2) or safetensors files
+//! (version 1); `kernels/external/PROTOCOL.md`).
 //!
 //! This is how the real libraries are fuzzed: a small adapter in `kernels/external/`
 //! imports DeepGEMM, AITER, vLLM or torch and answers requests, and the campaign sees an
 //! ordinary [`Kernel`](crate::kernel::Kernel). The same protocol isolates built-in
 //! kernels (`mqa-fuzz worker --kernel NAME`), so a device fault costs one case.
 //!
-//! - [`protocol`]: messages and the case/output files.
+//! - [`protocol`]: messages, versions, and the tensors of a case (files for version 1).
+//! - [`shm`]: version 2's shared-memory region.
+//! - `process`: starting, reading and killing a worker process or a fork-server life.
 //! - [`client`]: [`ExecKernel`], the supervised worker pool.
 //! - [`server`]: the worker side for built-in kernels.
 //! - [`aliases`]: `numpy`, `torch`, `deepgemm`, `aiter`, `vllm` → adapter command lines.

@@ -2,7 +2,7 @@
 //! fresh life forked by a fork server), reading its protocol lines and its stderr,
 //! killing it and saying how it ended.
 //!
-//! **Fork servers** (PROTOCOL.md §5). A command started with `MQA_FUZZ_FORK_SERVER=1`
+//! **Fork servers** (PROTOCOL.md §4). A command started with `MQA_FUZZ_FORK_SERVER=1`
 //! may answer `{"type":"fork_server"}` instead of a hello: it has imported its library
 //! (torch, DeepGEMM) once, touched no GPU, and now forks a worker per *life* on request.
 //! For each life mqa-fuzz makes two FIFOs in the worker's directory and sends
