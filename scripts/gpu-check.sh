@@ -28,6 +28,11 @@
 # findings    ~8 min, 1 GPU              findings are bugs: the CUDA double-bug selftest row (while
 #                                        DeepGEMM builds); DeepGEMM over --profile all for BUDGET s
 #                                        (200), each bug its own finding with trigger and tier
+# speed       ~2 min build + 4 x BUDGET  real-kernel speed, the old binary (OLD_BIN, default ./mqa-fuzz-old,
+#             (100 s) + 2 x 45 s, 1 GPU  with its adapters in OLD_ADAPTERS) beside this one on the same
+#                                        seeds: DeepGEMM over --profile all and --profile production, and
+#                                        cuda:tiled (an isolated worker) over --profile all; cases/s,
+#                                        restarts, compile time, tokens per case
 # all         ~60 min                    every check above
 #
 # Needs: an NVIDIA driver and NVRTC from CUDA 13 (docs/cuda.md); for production, deepgemm and
@@ -302,19 +307,57 @@ PY
     return $rc
 }
 
+# Real-kernel speed: the same campaigns on the old binary and this one, side by side.
+check_speed() {
+    machine
+    deepgemm_env || return 3
+    local old=${OLD_BIN:-$here/mqa-fuzz-old} olda=${OLD_ADAPTERS:-$here/external-old}
+    local t=${BUDGET:-100} seed=${SEED:-9} p
+    [ -x "$old" ] || echo "no old binary at $old: this binary alone"
+    for p in all production; do
+        [ -x "$old" ] && MQA_FUZZ_ADAPTERS="$olda" BIN="$old" \
+            campaign "speed-old-dg-$p" --kernel deepgemm --profile "$p" --budget "$t" --seed "$seed"
+        campaign "speed-new-dg-$p" --kernel deepgemm --profile "$p" --budget "$t" --seed "$seed"
+    done
+    [ -x "$old" ] && BIN="$old" campaign speed-old-tiled --kernel cuda:tiled --profile all --budget 45 --seed "$seed"
+    campaign speed-new-tiled --kernel cuda:tiled --profile all --budget 45 --seed "$seed"
+    python3 - "$W"/r/speed-* <<'PY'
+import json, os, statistics, sys
+for d in sys.argv[1:]:
+    try:
+        r = json.load(open(os.path.join(d, "report.json")))
+    except OSError:
+        continue
+    n, w = r["counts"]["cases_generated"], r["timings"]["wall_secs"]
+    tok = []
+    for line in open(os.path.join(d, "cases.jsonl")):
+        lens = json.loads(line)["recipe"]["lens"]
+        v = next(iter(lens.values()))
+        tok.append(sum(max(x) if isinstance(x, list) else x for x in v))
+    k = next(iter(r["per_kernel"].values()))
+    extra = {key: val for key, val in k.items() if "compile" in key or "first" in key or "steady" in key}
+    workers = [x.get("worker") for x in r["kernels"] if x.get("worker")]
+    print(f"{os.path.basename(d)}: {n} cases in {w:.0f} s = {n / max(w, 1e-9):.2f} cases/s; "
+          f"kernel clock {k.get('kernel_secs', 0):.1f} s, runs {k.get('run_wall_secs', 0):.1f} s, "
+          f"shrink {r['timings'].get('shrink_secs', 0):.1f} s; tokens/case min {min(tok, default=0)} "
+          f"median {int(statistics.median(tok)) if tok else 0}; findings {len(r['findings'])}; "
+          f"stopped_early {r.get('stopped_early')}; {extra}; workers {workers}")
+PY
+}
+
 checks=("$@")
 [ ${#checks[@]} -gt 0 ] || checks=(quick)
-[ "${checks[*]}" = all ] && checks=(quick production deepgemm campaigns properties findings)
+[ "${checks[*]}" = all ] && checks=(quick production deepgemm campaigns properties findings speed)
 status=0
 for c in "${checks[@]}"; do
     case "$c" in
-    quick | production | deepgemm | campaigns | properties | findings)
+    quick | production | deepgemm | campaigns | properties | findings | speed)
         echo "===== check $c"
         "check_$c" 2>&1 | tee "$W/logs/check-$c.log"
         [ "${PIPESTATUS[0]}" = 0 ] || status=1
         ;;
     *)
-        echo "unknown check $c (quick, production, deepgemm, campaigns, properties, findings, all)" >&2
+        echo "unknown check $c (quick, production, deepgemm, campaigns, properties, findings, speed, all)" >&2
         exit 2
         ;;
     esac
