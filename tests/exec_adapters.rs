@@ -683,3 +683,41 @@ fn a_worker_that_cannot_restart_stops_the_campaign_but_keeps_its_findings() {
     assert_eq!(r["findings"].as_array().map(Vec::len), Some(1));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// An adapter whose forked lives cannot start (a library that initialised the device
+/// before the fork) still runs: mqa-fuzz notices the first life fail and starts the same
+/// command without a fork server.
+#[test]
+fn a_fork_server_whose_lives_fail_falls_back_to_plain_workers() {
+    require_python!("numpy");
+    let dir = std::env::temp_dir().join(format!("mqa-forkfail-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = dir.join("adapter.py");
+    std::fs::write(
+        &script,
+        format!(
+            r#"import os, sys
+sys.path.insert(0, "{FAKES}/..")
+import protocol_common as pc
+import numpy_adapter as na
+server = os.getpid()
+def setup():
+    if os.getpid() != server:
+        raise pc.Environment("the device was initialised before the fork")
+    hello = {{"name": "numpy:chunked", "library": "numpy", "version": "1", "device": "cpu",
+             "capabilities": pc.capabilities()}}
+    return hello, na.Kernel().run
+pc.serve_forking(setup)
+"#
+        ),
+    )
+    .unwrap();
+    let cfg = ExecConfig::new(format!("python3 {}", script.display()));
+    let k = ExecKernel::start("fallback", cfg).expect("starts without the fork server");
+    let report = k.worker_report().unwrap();
+    assert!(!report.fork_server, "{report:?}");
+    let case = Recipe::small(vec![300, 17], 2, 1).materialize();
+    assert!(judge_once(&k, &case).is_clean());
+    let _ = std::fs::remove_dir_all(&dir);
+}

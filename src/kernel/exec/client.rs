@@ -177,7 +177,7 @@ pub struct ExecKernel {
 impl ExecKernel {
     /// Starts the pool and performs every worker's handshake (all must agree with the
     /// first on capabilities: the generator targets one set).
-    pub fn start(name: impl Into<String>, config: ExecConfig) -> Result<ExecKernel, RunError> {
+    pub fn start(name: impl Into<String>, mut config: ExecConfig) -> Result<ExecKernel, RunError> {
         let name = name.into();
         let offered = config.protocols.clone();
         let n = config.worker_envs.len().max(1);
@@ -196,7 +196,22 @@ impl ExecKernel {
                 source: Source::default(),
                 region: None,
             };
-            let h = start_worker(&config, &mut slot, &offered, &format!("worker {k}"))?;
+            let what = format!("worker {k}");
+            let h = match start_worker(&config, &mut slot, &offered, &what) {
+                // A fork server whose first life cannot start (its library touched the
+                // device before forking, say): the same command without the fork server.
+                Err(e) if slot.source.server.is_some() => {
+                    eprintln!(
+                        "mqa-fuzz: {name}: the fork server's first worker failed ({}); starting workers without a fork server",
+                        e.to_string().lines().next().unwrap_or("")
+                    );
+                    let w = slot.worker.take();
+                    slot.source.shut_down(w);
+                    config.fork_server = false;
+                    start_worker(&config, &mut slot, &offered, &what)?
+                }
+                r => r?,
+            };
             hellos.push(h.clone());
             match &hello {
                 None => hello = Some(h),
