@@ -319,8 +319,9 @@ check_speed() {
             campaign "speed-old-dg-$p" --kernel deepgemm --profile "$p" --budget "$t" --seed "$seed"
         campaign "speed-new-dg-$p" --kernel deepgemm --profile "$p" --budget "$t" --seed "$seed"
     done
-    [ -x "$old" ] && BIN="$old" campaign speed-old-tiled --kernel cuda:tiled --profile all --budget 45 --seed "$seed"
-    campaign speed-new-tiled --kernel cuda:tiled --profile all --budget 45 --seed "$seed"
+    local tt=${TILED_BUDGET:-45}
+    [ -x "$old" ] && BIN="$old" campaign speed-old-tiled --kernel cuda:tiled --profile all --budget "$tt" --seed "$seed"
+    campaign speed-new-tiled --kernel cuda:tiled --profile all --budget "$tt" --seed "$seed"
     python3 - "$W"/r/speed-* <<'PY'
 import json, os, statistics, sys
 for d in sys.argv[1:]:

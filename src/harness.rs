@@ -114,7 +114,9 @@ pub fn run_and_judge(
     let mut out = OutputBuffer::for_case(case);
     let setup = start.elapsed();
     let result = kernel.run(case, &mut out);
-    let wall = start.elapsed();
+    // Waiting for a free worker is not the run's time.
+    let queued = result.as_ref().ok().and_then(|i| i.queue_wait);
+    let wall = start.elapsed().saturating_sub(queued.unwrap_or_default());
     let reference = refs.get(caps.scale_placement);
     let judge_start = Instant::now();
     let verdict = match &result {

@@ -49,6 +49,7 @@ def main():
         import aiter
     except Exception as e:  # noqa: BLE001
         pc.refuse("environment", f"cannot import aiter.ops.triton.pa_mqa_logits/torch: {type(e).__name__}: {e}", out)
+
     def setup():
         """Device checks, the hello and the kernel: run in each worker life, after
         the fork server forked it (no device is touched before)."""

@@ -41,6 +41,7 @@ def main():
         import deep_gemm
     except Exception as e:  # noqa: BLE001
         pc.refuse("environment", f"cannot import deep_gemm/torch: {type(e).__name__}: {e}", out)
+
     def setup():
         """Device checks, the hello and the kernel: run in each worker life, after
         the fork server forked it (no device is touched before)."""

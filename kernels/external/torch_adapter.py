@@ -64,6 +64,7 @@ def main():
         import torch_common as tc
     except Exception as e:  # noqa: BLE001
         pc.refuse("environment", f"cannot import torch: {type(e).__name__}: {e}", out)
+
     def setup():
         """Device checks, the hello and the kernel: run in each worker life, after
         the fork server forked it (no device is touched before)."""

@@ -42,6 +42,7 @@ def main():
         from vllm.v1.attention.ops import rocm_aiter_mla_sparse as ras
     except Exception as e:  # noqa: BLE001
         pc.refuse("environment", f"cannot import vllm.v1.attention.ops.rocm_aiter_mla_sparse: {type(e).__name__}: {e}", out)
+
     def setup():
         """Device checks, the hello and the kernel: run in each worker life, after
         the fork server forked it (no device is touched before)."""

@@ -568,6 +568,7 @@ fn bench_one(label: &str, case: &Case, cfg: &OracleConfig) -> Result<bool, Strin
         kernel_time: Some(kt),
         inputs_intact: Some(true),
         device_bytes: None,
+        queue_wait: None,
     };
     let v = crate::oracle::judge(case, gref, k.capabilities(), Ok((&info, &out)), cfg);
     line(format!(

@@ -143,6 +143,10 @@ pub struct RunInfo {
     pub inputs_intact: Option<bool>,
     /// Device memory the case used, in bytes.
     pub device_bytes: Option<u64>,
+    /// Time the call waited for a free worker before the case was sent (a pool with
+    /// more cases in flight than workers); not part of the run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_wait: Option<Duration>,
 }
 
 /// Why a run produced no output.
@@ -253,7 +257,8 @@ pub trait Kernel: Send + Sync {
     }
     fn capabilities(&self) -> &Capabilities;
     /// How many cases the campaign should run on this kernel at once: 1 for CPU kernels
-    /// (they parallelize inside with rayon), the number of GPUs for a worker pool.
+    /// (they parallelize inside with rayon); for a pool of GPU workers, a few cases per
+    /// worker, so the host generates and judges while the GPU runs.
     fn preferred_jobs(&self) -> usize {
         1
     }

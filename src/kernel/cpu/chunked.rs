@@ -422,6 +422,7 @@ impl Kernel for ChunkedKernel {
             kernel_time: Some(start.elapsed()),
             inputs_intact: Some(true),
             device_bytes: None,
+            queue_wait: None,
         })
     }
 }

@@ -223,6 +223,7 @@ pub fn run_variant(
             kernel_time: Some(Duration::from_secs_f64(ms as f64 / 1e3)),
             inputs_intact: Some(before == after),
             device_bytes: Some(dc.bytes),
+            queue_wait: None,
         })
     });
     r.map_err(|e| match e {

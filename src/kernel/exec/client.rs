@@ -19,6 +19,11 @@ use std::sync::mpsc::RecvTimeoutError;
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+/// Cases in flight per GPU worker: one runs on the device while the others are being
+/// generated, transferred and judged on the host (a real library's kernel takes 0.1 ms;
+/// judging its output on the CPU takes far longer).
+const CASES_PER_GPU_WORKER: usize = 4;
+
 /// Pauses before each retry of a worker start that failed after a crash (a device
 /// still being torn down, a file system hiccup): about 4 s in all before giving up.
 const RESTART_BACKOFF: [Duration; 4] = [
@@ -564,8 +569,14 @@ impl Kernel for ExecKernel {
         !(d.is_empty() || d.starts_with("cpu"))
     }
 
+    /// One case per CPU worker; for accelerator workers [`CASES_PER_GPU_WORKER`] each,
+    /// within the host's cores.
     fn preferred_jobs(&self) -> usize {
-        self.slots.len()
+        if !self.on_accelerator() {
+            return self.slots.len();
+        }
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        (self.slots.len() * CASES_PER_GPU_WORKER).min(cores.max(self.slots.len()))
     }
 
     fn compile_key(&self) -> &[crate::kernel::CompileField] {
@@ -589,13 +600,18 @@ impl Kernel for ExecKernel {
     }
 
     fn run(&self, case: &Case, out: &mut OutputBuffer) -> Result<RunInfo, RunError> {
+        let t0 = Instant::now();
         let k = self.take_slot();
+        let waited = t0.elapsed();
         let result = {
             let mut slot = self.slots[k].lock().unwrap_or_else(|e| e.into_inner());
             self.run_on(&mut slot, case, out)
         };
         self.give_slot(k);
-        result
+        result.map(|info| RunInfo {
+            queue_wait: Some(waited),
+            ..info
+        })
     }
 }
 

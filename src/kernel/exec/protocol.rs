@@ -524,6 +524,7 @@ pub fn run_info(
             .map(|t| Duration::from_secs_f64(t / 1e6)),
         inputs_intact,
         device_bytes,
+        queue_wait: None,
     }
 }
 
