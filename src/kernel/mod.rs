@@ -19,8 +19,8 @@ pub mod plant;
 pub mod registry;
 
 pub use contract::{
-    compile_key_of, Accumulation, BlockSizes, Capabilities, CompileField, Kernel, KernelEntry, OpenError, OutsideContract,
-    RunError, RunInfo,
+    compile_key_of, Accumulation, BlockSizes, Capabilities, CompileField, Kernel, KernelEntry,
+    OpenError, OutsideContract, RunError, RunInfo,
 };
 pub use output::{OutputBuffer, GUARD_ELEMS, POISON_BITS};
 pub use plant::Plant;
