@@ -225,8 +225,12 @@ pub fn throughput(r: &Report) -> Vec<String> {
         // kernel without its own clock nothing (its clock is the call).
         let rest = (k.run_wall_secs - k.output_setup_secs - k.kernel_secs).max(0.0);
         kernels.push(format!(
-            "{name} runs {:.1} s: harness output buffer (allocate + NaN poison) {:.1} s, kernel's own clock {:.3} s, rest of the call (worker protocol, transfers) {:.1} s",
-            k.run_wall_secs, k.output_setup_secs, k.kernel_secs, rest
+            "{name} runs {:.1} s: harness output buffer (allocate + NaN poison) {:.1} s, kernel's own clock {:.3} s{}, rest of the call (worker protocol, transfers) {:.1} s",
+            k.run_wall_secs,
+            k.output_setup_secs,
+            k.kernel_secs,
+            compile_words(k).map(|c| format!(" ({c})")).unwrap_or_default(),
+            rest
         ));
     }
     // A merged report has no wall time of its own (its shards may have run side by
@@ -258,6 +262,22 @@ pub fn throughput(r: &Report) -> Vec<String> {
             kernels.join("; ")
         ),
     ]
+}
+
+/// The kernel time of a kernel with a compile key, split: `first call of a key
+/// (compile included) 15.2 s over 12 keys, steady 5.7 s over 40 runs`; `None` for a
+/// kernel without one.
+pub fn compile_words(k: &KernelStats) -> Option<String> {
+    let c = &k.compile;
+    (c.first_calls > 0).then(|| {
+        format!(
+            "first call of a key (compile included) {:.3} s over {}, steady {:.3} s over {}",
+            c.first_call_secs,
+            plural(c.distinct_keys, "key", "keys"),
+            c.steady_secs,
+            plural(c.steady_calls, "run", "runs")
+        )
+    })
 }
 
 /// Median kernel launch time per shape class, the most frequent classes first, as

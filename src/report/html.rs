@@ -238,7 +238,7 @@ fn run_html(s: &mut String, r: &Report) {
     } else {
         "not sharded".into()
     };
-    let rows = [
+    let mut rows = vec![
         ("run id", r.run_id.clone()),
         ("tool version", r.tool_version.clone()),
         ("profile / seed", format!("{} / {}", r.profile, r.seed)),
@@ -256,6 +256,12 @@ fn run_html(s: &mut String, r: &Report) {
             ),
         ),
     ];
+    // A compile-keyed kernel's first calls (JIT included), apart from its steady calls.
+    for (name, k) in &r.per_kernel {
+        if let Some(c) = super::headline::compile_words(k) {
+            rows.push(("kernel time by compile key", format!("{name}: {c}")));
+        }
+    }
     for (k, v) in rows {
         let _ = write!(s, "<tr><th>{k}</th><td>{}</td></tr>", escape(&v));
     }

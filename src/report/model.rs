@@ -110,6 +110,53 @@ pub struct KernelStats {
     /// Determinism and batch invariance (DESIGN §7), checked where `--repeat` /
     /// `--batch-invariance` say; findings only under `--require`.
     pub properties: crate::property::PropertyStats,
+    /// `kernel_secs` split by compile key, for kernels that declare one
+    /// (`Kernel::compile_key`); empty for the others.
+    pub compile: CompileTimes,
+}
+
+/// A kernel's time split by compile key ([`crate::kernel::compile_key_of`]): a run whose
+/// key value the kernel had not run before in this campaign (a shard: in this shard)
+/// counts as a first call, its library's JIT compile included; every later run of that
+/// value is steady.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct CompileTimes {
+    /// The key values run (`heads=64 head_dim=128`); merged: the union over shards.
+    pub keys: std::collections::BTreeSet<String>,
+    /// `keys.len()`: the distinct keys visited.
+    pub distinct_keys: u64,
+    /// First calls of a key and their kernel time (compile included). Merged: summed
+    /// over shards, each of which compiled its own.
+    pub first_calls: u64,
+    pub first_call_secs: f64,
+    /// Every other run of a key, and its kernel time.
+    pub steady_calls: u64,
+    pub steady_secs: f64,
+}
+
+impl CompileTimes {
+    /// Counts one run of key value `key` that took `secs` of kernel time.
+    pub fn record(&mut self, key: &str, secs: f64) {
+        if self.keys.insert(key.to_string()) {
+            self.first_calls += 1;
+            self.first_call_secs += secs;
+        } else {
+            self.steady_calls += 1;
+            self.steady_secs += secs;
+        }
+        self.distinct_keys = self.keys.len() as u64;
+    }
+
+    /// Folds `b` (another shard's) into `self`.
+    pub fn merge(&mut self, b: &CompileTimes) {
+        self.keys.extend(b.keys.iter().cloned());
+        self.distinct_keys = self.keys.len() as u64;
+        self.first_calls += b.first_calls;
+        self.first_call_secs += b.first_call_secs;
+        self.steady_calls += b.steady_calls;
+        self.steady_secs += b.steady_secs;
+    }
 }
 
 /// The smallest and largest value seen (`None` before the first).
