@@ -6,6 +6,8 @@
 //! not yet in the book is a new finding with a corpus file of its own. Failures of
 //! another bug met while shrinking are filed the same way, so none is lost.
 
+mod saved;
+
 use super::engine::divergent_verdict;
 use super::event::{Event, Source};
 use super::save::{replay_command, save_finding, SaveRequest};
@@ -20,7 +22,7 @@ use crate::oracle::{Class, Verdict};
 use crate::report::Finding;
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 struct Known {
     kernel: String,
@@ -45,6 +47,10 @@ pub(super) struct Book {
     /// Failures already filed, by kernel, class, reason and the case's feature set: the
     /// same raw failure is not shrunk twice.
     raw: HashMap<String, usize>,
+    /// The corpus files' signatures not replayed by this campaign ([`saved`]).
+    saved: Vec<saved::Saved>,
+    /// Failures filed to such a file's finding without shrinking.
+    pub known_from_corpus: u64,
 }
 
 impl Book {
@@ -214,6 +220,10 @@ impl Book {
             self.count(i);
             return false;
         }
+        if let Some(new) = self.file_as_saved(ctx, &subject, &f, (class, &reason, &feats)) {
+            self.raw.insert(raw, new);
+            return true;
+        }
         let (k, seed) = f.origin.or(f.parent).unwrap_or((0, f.recipe.seed));
         ctx.progress.println(&format!(
             "finding: {name} {class}{} on {}; shrinking...",
@@ -227,41 +237,12 @@ impl Book {
             }
         ));
         let cfg = ctx.engine.cfg;
-        let t0 = Instant::now();
-        // The campaign budget is a deadline CI relies on: shrinking and ablation get what
-        // is left of it (at least a second, so a late finding is still simplified a
-        // little), never the full per-finding budget past the deadline. Shrinking takes
-        // three quarters; ablation the rest, plus what shrinking left unused.
-        let budget = ctx.deadline.map_or(cfg.shrink_budget, |d| {
-            d.saturating_duration_since(t0)
-                .max(Duration::from_secs(1))
-                .min(cfg.shrink_budget)
-        });
         let keep = |v: &Verdict| shows(v, class, reason.as_deref());
-        let engine = ctx.engine;
-        let mut shrunk = match f.origin {
-            Some(origin) if cfg.shrink => shrink::shrink(
-                engine,
-                &|c: &Case| subject.judge(engine, c),
-                &keep,
-                origin,
-                (&f.case, &f.verdict),
-                budget * 3 / 4,
-            ),
-            _ => Shrunk::unshrunk(&f.recipe, &f.case, &f.verdict),
-        };
-        let (trigger, _runs) = if cfg.shrink {
-            ablate(
-                &shrunk.recipe,
-                &mut |c: &Case| ablation_outcome(&subject.judge(engine, c).0, &keep),
-                // A shrink step on a large case can overrun its three quarters: ablation
-                // still gets a quarter of the budget, so a trigger is not lost to it.
-                (t0 + budget).max(Instant::now() + budget / 4),
-            )
-        } else {
-            (Trigger::default(), 0)
-        };
-        ctx.timings.shrink_secs += t0.elapsed().as_secs_f64();
+        let (mut shrunk, trigger, cut) = shrink::simplify(ctx, &subject, &f, &keep);
+        if let Some(cut) = cut {
+            ctx.progress
+                .println(&format!("  shrinking cut short: {}", cut.words()));
+        }
         let sig = Signature {
             kernel: name.clone(),
             class,
@@ -300,6 +281,7 @@ impl Book {
                 case_file,
                 Some(seed),
             );
+            finding.shrink_cut_short = cut;
             if let Subject::Kernel(k) = subject {
                 localise(ctx, &mut finding, k);
             }
@@ -363,15 +345,13 @@ impl Book {
         } else {
             None
         };
-        let recipe: Option<Recipe> = file
-            .provenance
-            .recipe
-            .as_ref()
-            .and_then(|r| serde_json::from_value(r.clone()).ok());
+        let recipe = saved::saved_recipe(file);
         let engine = ctx.engine;
+        let mut cut = None;
         let trigger = match &recipe {
             Some(r) if engine.cfg.shrink && r.materialize() == file.case => {
                 let t0 = Instant::now();
+                let grant = ctx.allowance.grant(false);
                 let (t, _) = ablate(
                     r,
                     &mut |c: &Case| {
@@ -379,10 +359,19 @@ impl Book {
                             shows(v, class, reason.as_deref())
                         })
                     },
-                    t0 + engine.cfg.shrink_budget,
+                    grant.end(),
                 );
                 ctx.timings.shrink_secs += t0.elapsed().as_secs_f64();
-                t
+                let short = !t.complete && !super::interrupt::requested();
+                cut = ctx.allowance.charge(&grant, short);
+                // Cut short by a campaign cap, the saved bug keeps its saved identity.
+                match cut.and(saved::saved_trigger(&name, class, reason.as_deref(), file)) {
+                    Some(features) => {
+                        cut = None;
+                        Trigger::new(r, features, true)
+                    }
+                    None => t,
+                }
             }
             _ => Trigger::default(),
         };
@@ -419,6 +408,7 @@ impl Book {
             file.provenance.seed,
         );
         finding.profile = "corpus".into();
+        finding.shrink_cut_short = cut;
         self.add(sig, finding);
     }
 
@@ -583,6 +573,7 @@ impl Book {
             error_histogram,
             localisation: None,
             localisation_skipped: None,
+            shrink_cut_short: None,
         }
     }
 

@@ -85,7 +85,9 @@ impl Tally {
             let v = &run.verdict;
             self.timings.oracle_secs += run.judge_secs;
             let stats = self.per_kernel.entry(kern.name().to_string()).or_default();
-            self.timings.kernel_secs += stats.record(v, run.wall_secs, run.setup_secs, case);
+            let key = crate::kernel::compile_key_of(kern.compile_key(), case);
+            let times = (run.wall_secs, run.setup_secs);
+            self.timings.kernel_secs += stats.record(v, times, case, key.as_deref());
             if let Source::Generated(_) = source {
                 let plan = engine.property_plan(kern.as_ref());
                 stats.properties.record(plan, &run.properties);
@@ -143,5 +145,111 @@ impl CasesLog {
     /// The file's text.
     pub fn text(&self) -> String {
         self.lines.iter().map(|l| format!("{l}\n")).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel::{Capabilities, CompileField, Kernel, OutputBuffer, RunError, RunInfo};
+    use std::collections::BTreeSet;
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    /// `cpu:chunked` as a JIT library would look: compiled per heads and block size, the
+    /// first call of each (heads, block size) reports 100 ms (the compile), later ones 1 ms.
+    struct Jit {
+        inner: Box<dyn Kernel>,
+        built: Mutex<BTreeSet<(usize, usize)>>,
+        key: &'static [CompileField],
+    }
+
+    impl Kernel for Jit {
+        fn name(&self) -> &str {
+            "jit"
+        }
+        fn capabilities(&self) -> &Capabilities {
+            self.inner.capabilities()
+        }
+        fn compile_key(&self) -> &[CompileField] {
+            self.key
+        }
+        fn run(&self, case: &Case, out: &mut OutputBuffer) -> Result<RunInfo, RunError> {
+            let mut info = self.inner.run(case, out)?;
+            let new = self
+                .built
+                .lock()
+                .unwrap()
+                .insert((case.shape.heads, case.shape.block_size));
+            info.kernel_time = Some(Duration::from_millis(if new { 100 } else { 1 }));
+            Ok(info)
+        }
+    }
+
+    /// Runs 16 layout cases through the campaign's engine and tally.
+    fn tally_of(key: &'static [CompileField]) -> (Tally, BTreeSet<String>) {
+        let cfg = super::super::Config::new(vec![], "r".into());
+        let kernel = Jit {
+            inner: crate::kernel::open("cpu:chunked").unwrap(),
+            built: Mutex::default(),
+            key,
+        };
+        let engine = Engine {
+            cfg: &cfg,
+            kernels: vec![Box::new(kernel)],
+            profile: crate::generate::Profile::Layout,
+            scale: 1.0,
+            verify: crate::reference::verify::VerifyMode::Boundaries,
+            production_verify: crate::reference::verify::VerifyMode::Boundaries,
+            epochs: None,
+        };
+        let (mut tally, mut keys) = (Tally::default(), BTreeSet::new());
+        for k in 0..16 {
+            let done = engine.run_case(k, super::super::case_seed(5, k));
+            if done.judgement.runs[0].verdict.skipped.is_none() {
+                let fields = [CompileField::Heads, CompileField::BlockSize];
+                keys.extend(crate::kernel::compile_key_of(&fields, &done.case));
+            }
+            tally.on_event(&engine, &Event::generated(&done));
+        }
+        (tally, keys)
+    }
+
+    #[test]
+    fn a_keys_first_call_counts_apart_from_the_steady_calls() {
+        let (tally, keys) = tally_of(&[CompileField::Heads, CompileField::BlockSize]);
+        let k = &tally.per_kernel["jit"];
+        let c = &k.compile;
+        assert!(
+            keys.len() >= 2 && keys.len() < 16,
+            "a key repeats: {keys:?}"
+        );
+        assert_eq!(c.keys, keys);
+        assert_eq!(c.distinct_keys, keys.len() as u64);
+        assert_eq!(c.first_calls, keys.len() as u64);
+        assert_eq!(c.first_calls + c.steady_calls, k.cases);
+        assert!(
+            (c.first_call_secs - 0.1 * keys.len() as f64).abs() < 1e-9,
+            "{c:?}"
+        );
+        assert!(
+            (c.steady_secs - 0.001 * c.steady_calls as f64).abs() < 1e-9,
+            "{c:?}"
+        );
+        assert!((c.first_call_secs + c.steady_secs - k.kernel_secs).abs() < 1e-9);
+        // Shards merge: times and calls add up, the keys are the union.
+        let mut merged = k.clone();
+        merged += k;
+        assert_eq!(merged.compile.first_calls, 2 * c.first_calls);
+        assert!((merged.compile.steady_secs - 2.0 * c.steady_secs).abs() < 1e-9);
+        assert_eq!(merged.compile.distinct_keys, c.distinct_keys);
+    }
+
+    #[test]
+    fn a_kernel_without_a_compile_key_has_no_split() {
+        let (tally, _) = tally_of(&[]);
+        let k = &tally.per_kernel["jit"];
+        assert!(k.cases > 0);
+        assert_eq!(k.compile, Default::default());
     }
 }

@@ -8,6 +8,7 @@
 //! cases log, the finding book (where a finding gets its identity: [`book`]) and the
 //! progress line.
 
+mod allowance;
 mod book;
 pub mod corpus;
 pub mod coverage;
@@ -20,6 +21,7 @@ mod setup;
 mod shrink;
 mod subject;
 
+pub use allowance::FLOOR as SHRINK_FLOOR;
 pub use engine::{divergent_verdict, first_divergence, pair_name};
 pub use save::{replay_command, FALLBACK_DIR};
 
@@ -54,6 +56,9 @@ pub struct Config {
     pub shrink: bool,
     /// Longest time spent shrinking one finding.
     pub shrink_budget: Duration,
+    /// The share of `budget` all shrinking may use together, in (0, 1]
+    /// ([`allowance`]).
+    pub shrink_share: f64,
     pub replay_corpus: bool,
     pub save_corpus: bool,
     pub oracle: OracleConfig,
@@ -77,6 +82,9 @@ pub struct Config {
     /// declares a compile key; 0 or 1: off).
     pub shape_epoch: Option<u64>,
 }
+
+/// `--shrink-share`'s default: shrinking may use 30% of the wall budget.
+pub const DEFAULT_SHRINK_SHARE: f64 = 0.30;
 
 /// Production cases of CPU kernels have an engine's geometry (pool, strides, ids, batch,
 /// workspace) with context lengths scaled by this, so that a 2-core machine judges a
@@ -102,6 +110,7 @@ impl Config {
             shard: None,
             shrink: true,
             shrink_budget: Duration::from_secs(30),
+            shrink_share: DEFAULT_SHRINK_SHARE,
             replay_corpus: true,
             save_corpus: true,
             oracle: OracleConfig::default(),
@@ -172,6 +181,7 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
     let started_unix = crate::util::unix_now();
     let (engine, corpus) = setup::start(cfg)?;
     let mut report = setup::new_report(&engine, started_unix);
+    let deadline = cfg.budget.map(|b| started + b);
     let mut campaign = Campaign {
         engine: &engine,
         tally: Tally {
@@ -183,11 +193,15 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
         book: book::Book::default(),
         progress: progress::Progress::new(cfg.quiet, cfg.budget, cfg.max_cases),
         started,
-        deadline: cfg.budget.map(|b| started + b),
+        deadline,
+        allowance: allowance::Allowance::new(cfg, deadline),
         any_finding: false,
         env_error: None,
     };
-    campaign.replay(&corpus);
+    let replayed = campaign.replay(&corpus);
+    // The corpus files this campaign did not replay (another shard's, `--no-replay`):
+    // a failure of a signature one of them holds shrunk is not shrunk again.
+    campaign.book.index_corpus(cfg, &replayed);
     if campaign.env_error.is_none() {
         campaign.generate();
     }
@@ -198,6 +212,7 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
         progress,
         any_finding,
         env_error,
+        allowance,
         ..
     } = campaign;
     progress.finish();
@@ -205,6 +220,8 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
     report.counts = tally.counts;
     report.coverage = tally.coverage;
     report.timings = tally.timings;
+    report.shrinking = allowance.summary;
+    report.shrinking.known_from_corpus = book.known_from_corpus;
     let detections = book.detections.clone();
     report.findings = book.into_findings();
     report.interrupted = interrupt::requested() && env_error.is_none();
@@ -234,6 +251,8 @@ struct Campaign<'e, 'c> {
     progress: progress::Progress,
     started: Instant,
     deadline: Option<Instant>,
+    /// What shrinking may still use ([`allowance`]).
+    allowance: allowance::Allowance,
     any_finding: bool,
     /// The environment broke (driver gone, adapter missing): stop, exit 3.
     env_error: Option<String>,
@@ -250,6 +269,7 @@ impl Campaign<'_, '_> {
             engine: self.engine,
             progress: &mut self.progress,
             timings: &mut self.tally.timings,
+            allowance: &mut self.allowance,
             generated,
             started: self.started,
             deadline: match source {
@@ -265,8 +285,10 @@ impl Campaign<'_, '_> {
 
     /// Replays the corpus. Shards split it as they split the seeds (file j replays on
     /// shard j mod N), so a merge of every shard has replayed each file exactly once.
-    fn replay(&mut self, corpus: &[(PathBuf, CaseFile)]) {
+    /// Returns the files replayed.
+    fn replay(&mut self, corpus: &[(PathBuf, CaseFile)]) -> Vec<PathBuf> {
         let (index, count) = shard_of(self.engine.cfg);
+        let mut replayed = Vec::new();
         for (path, file) in corpus
             .iter()
             .enumerate()
@@ -276,6 +298,7 @@ impl Campaign<'_, '_> {
             if interrupt::requested() {
                 break;
             }
+            replayed.push(path.clone());
             let judgement = self.engine.judge_file(&file.case);
             if let Some(e) = &judgement.environment_error {
                 self.env_error = Some(e.clone());
@@ -287,6 +310,7 @@ impl Campaign<'_, '_> {
                 judgement: &judgement,
             });
         }
+        replayed
     }
 
     /// Generates cases on worker threads until the budget, the case limit, an

@@ -8,12 +8,13 @@
 //! lengths and smallest shapes that still fail. An interrupt or the time budget ends
 //! shrinking with the best case so far, which is always a real failing case.
 
-use super::book::Evidence;
+use super::subject::{ablation_outcome, Ctx, Evidence, Failure, Subject};
 use super::{interrupt, value_tree, Engine};
 use crate::case::Case;
-use crate::finding::crash_reason;
+use crate::finding::{ablate, crash_reason, Trigger};
 use crate::generate::Recipe;
 use crate::oracle::{Class, Verdict};
+use crate::report::ShrinkCut;
 use std::time::{Duration, Instant};
 
 pub struct Shrunk {
@@ -27,6 +28,8 @@ pub struct Shrunk {
     /// The output of `case` with its reference, when the last accepted step left one
     /// (the finding's picture is drawn from it).
     pub evidence: Option<Evidence>,
+    /// Shrinking stopped because its time budget ran out (not at its end).
+    pub timed_out: bool,
 }
 
 impl Shrunk {
@@ -40,6 +43,7 @@ impl Shrunk {
             shrunk: false,
             others: Vec::new(),
             evidence: None,
+            timed_out: false,
         }
     }
 }
@@ -67,10 +71,18 @@ pub(super) fn shrink(
     }
     let mut seen: Vec<(Class, Option<String>)> = Vec::new();
     let mut steps = 0;
+    // The last step's time: a step that would end past the budget is not started (the
+    // candidates only get smaller, so the last step is a fair guess of the next).
+    let mut last = Duration::ZERO;
     loop {
-        if interrupt::requested() || began.elapsed() >= budget || steps >= MAX_STEPS {
+        if began.elapsed() + last >= budget {
+            best.timed_out = true;
             break;
         }
+        if interrupt::requested() || steps >= MAX_STEPS {
+            break;
+        }
+        let step = Instant::now();
         steps += 1;
         let (recipe, cand, _) = engine.materialize(&engine.in_epoch(k, tree.current()));
         let mut fails = false;
@@ -87,6 +99,7 @@ pub(super) fn shrink(
                         shrunk: true,
                         others: std::mem::take(&mut best.others),
                         evidence,
+                        timed_out: false,
                     };
                 }
             } else if let Some(class) = verdict.primary_class() {
@@ -97,6 +110,7 @@ pub(super) fn shrink(
                 }
             }
         }
+        last = step.elapsed();
         let more = if fails {
             tree.simplify()
         } else {
@@ -108,6 +122,58 @@ pub(super) fn shrink(
     }
     best.steps = steps;
     best
+}
+
+/// Shrinks a failure (when it can be regenerated from its seed) and ablates its
+/// trigger, within what the campaign's [`super::allowance`] grants: shrinking takes
+/// three quarters, ablation the rest plus what shrinking left unused. Returns the
+/// shrunk case, its trigger and, when a campaign cap cut it short, why. Without
+/// shrinking (`--no-shrink`) the failure is kept as it is, with an empty trigger.
+pub(super) fn simplify(
+    ctx: &mut Ctx,
+    subject: &Subject,
+    f: &Failure,
+    keep: &dyn Fn(&Verdict) -> bool,
+) -> (Shrunk, Trigger, Option<ShrinkCut>) {
+    let engine = ctx.engine;
+    if !engine.cfg.shrink {
+        let s = Shrunk::unshrunk(&f.recipe, &f.case, &f.verdict);
+        return (s, Trigger::default(), None);
+    }
+    let t0 = Instant::now();
+    let grant = ctx.allowance.grant(ctx.deadline.is_some());
+    let budget = grant.budget;
+    let shrunk = match f.origin {
+        Some(origin) if !budget.is_zero() => shrink(
+            engine,
+            &|c: &Case| subject.judge(engine, c),
+            keep,
+            origin,
+            (&f.case, &f.verdict),
+            budget * 3 / 4,
+        ),
+        Some(_) => Shrunk {
+            timed_out: true,
+            ..Shrunk::unshrunk(&f.recipe, &f.case, &f.verdict)
+        },
+        None => Shrunk::unshrunk(&f.recipe, &f.case, &f.verdict),
+    };
+    // A shrink step on a large case can overrun its three quarters: ablation still gets
+    // a quarter of the budget, so a trigger is not lost to it; but not past a campaign
+    // cap, which shrinking would then overrun by more than the floor.
+    let end = match grant.limit {
+        None => grant.end().max(Instant::now() + budget / 4),
+        Some(_) => grant.end(),
+    };
+    let (trigger, _runs) = ablate(
+        &shrunk.recipe,
+        &mut |c: &Case| ablation_outcome(&subject.judge(engine, c).0, keep),
+        end,
+    );
+    ctx.timings.shrink_secs += t0.elapsed().as_secs_f64();
+    let out_of_time = shrunk.timed_out || (!trigger.complete && !interrupt::requested());
+    let cut = ctx.allowance.charge(&grant, out_of_time);
+    (shrunk, trigger, cut)
 }
 
 /// Ordering of case sizes: rows, then tokens, then shape.

@@ -146,6 +146,8 @@ pub(super) struct Ctx<'a, 'e> {
     pub engine: &'a Engine<'e>,
     pub progress: &'a mut Progress,
     pub timings: &'a mut Timings,
+    /// What shrinking may still use.
+    pub allowance: &'a mut super::allowance::Allowance,
     /// Generated cases so far (for detections).
     pub generated: u64,
     pub started: Instant,

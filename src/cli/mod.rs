@@ -323,6 +323,17 @@ pub struct RunArgs {
     /// Longest time spent shrinking one finding.
     #[arg(long, value_parser = parse_duration, default_value = "30s", allow_hyphen_values = true)]
     pub shrink_budget: Duration,
+    /// The share of --budget that shrinking may use in total, all findings together: 0.3
+    /// or 30%, in (0, 1]. Generation goes on in between. A finding met once the share is
+    /// spent, or near the budget's end, is still shrunk for up to min(5s, --shrink-budget),
+    /// one such floor per campaign; the report says which findings were cut short and why.
+    #[arg(
+        long,
+        value_name = "FRACTION",
+        default_value = "30%",
+        allow_hyphen_values = true
+    )]
+    pub shrink_share: String,
     /// k of the downstream top-k check (V3.2: 2048, V4-Pro: 1024, V4-Flash: 512).
     #[arg(long, default_value_t = 2048)]
     pub topk: usize,
@@ -411,6 +422,21 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         return Err(format!("{s:?} is out of range"));
     }
     Ok(Duration::from_secs_f64(secs))
+}
+
+/// Parses `--shrink-share`: a fraction in (0, 1] (`0.3`) or a percentage (`30%`).
+pub fn parse_share(s: &str) -> Result<f64, String> {
+    let t = s.trim();
+    let x = match t.strip_suffix('%') {
+        Some(p) => p.trim().parse::<f64>().map(|x| x / 100.0),
+        None => t.parse::<f64>(),
+    };
+    match x {
+        Ok(x) if x > 0.0 && x <= 1.0 => Ok(x),
+        _ => Err(format!(
+            "--shrink-share {s}: the share of the budget shrinking may use is a fraction in (0, 1] or a percentage, like 0.3 or 30%"
+        )),
+    }
 }
 
 /// Parses `--scale`: a number in (0, 1] or a fraction `1/N`.

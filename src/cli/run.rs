@@ -112,6 +112,7 @@ pub(super) fn cmd_run(args: RunArgs) -> Result<i32, Fatal> {
     cfg.shard = shard;
     cfg.shrink = !args.no_shrink;
     cfg.shrink_budget = args.shrink_budget;
+    cfg.shrink_share = super::parse_share(&args.shrink_share).map_err(Fatal::usage)?;
     cfg.replay_corpus = !args.no_replay;
     cfg.oracle.topk = args.topk;
     cfg.quiet = args.quiet;
@@ -188,6 +189,9 @@ fn print_summary(r: &crate::report::Report, dir: &std::path::Path) {
                 format!("\n  replay: {}", f.replay_command)
             }
         );
+        if let Some(c) = f.shrink_cut_short {
+            crate::outln!("  shrinking cut short: {}", c.words());
+        }
         if let Some(l) = &f.localisation {
             crate::outln!("  localised: {}", l.sentence());
         } else if let Some(why) = &f.localisation_skipped {

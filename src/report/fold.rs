@@ -143,6 +143,7 @@ pub fn merge(reports: &[Report]) -> Report {
         t.reference_secs += u.reference_secs;
         t.oracle_secs += u.oracle_secs;
         t.shrink_secs += u.shrink_secs;
+        m.shrinking.merge(&r.shrinking);
     }
     let mut index: HashMap<String, usize> = HashMap::new();
     for f in reports.iter().flat_map(|r| &r.findings) {

@@ -130,14 +130,17 @@ fn finding_html(s: &mut String, i: usize, f: &Finding) {
             // The same numbers as the picture's caption, each named: rows of the
             // output, positions per row, and the KV tokens the case reads.
             format!(
-                "{} rows (batch × next_n){}; {} KV tokens (context lengths summed); {}shrunk",
+                "{} rows (batch × next_n){}; {} KV tokens (context lengths summed); {}shrunk{}",
                 f.rows,
                 f.picture
                     .as_ref()
                     .map(|p| format!(" × {} positions (max_model_len)", p.cols))
                     .unwrap_or_default(),
                 f.tokens,
-                if f.shrunk { "" } else { "not " }
+                if f.shrunk { "" } else { "not " },
+                f.shrink_cut_short
+                    .map(|c| format!(", cut short ({})", c.words()))
+                    .unwrap_or_default()
             ),
         ),
         (
@@ -238,7 +241,7 @@ fn run_html(s: &mut String, r: &Report) {
     } else {
         "not sharded".into()
     };
-    let rows = [
+    let mut rows = vec![
         ("run id", r.run_id.clone()),
         ("tool version", r.tool_version.clone()),
         ("profile / seed", format!("{} / {}", r.profile, r.seed)),
@@ -256,6 +259,13 @@ fn run_html(s: &mut String, r: &Report) {
             ),
         ),
     ];
+    // Shrinking against its caps, and a compile-keyed kernel's first calls (JIT included).
+    rows.push(("shrinking", super::headline::shrink_words(r)));
+    for (name, k) in &r.per_kernel {
+        if let Some(c) = super::headline::compile_words(k) {
+            rows.push(("kernel time by compile key", format!("{name}: {c}")));
+        }
+    }
     for (k, v) in rows {
         let _ = write!(s, "<tr><th>{k}</th><td>{}</td></tr>", escape(&v));
     }

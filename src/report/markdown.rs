@@ -149,7 +149,7 @@ pub fn summary_md(r: &Report) -> String {
                 f.tier.name(),
                 f.needs,
                 f.occurrences,
-                if f.shrunk { "yes" } else { "no" },
+                crate::report::headline::shrunk_words(f),
                 f.rows,
                 f.tokens,
                 f.replay_command.replace('|', "\\|")

@@ -43,6 +43,9 @@ pub struct Report {
     pub findings: Vec<Finding>,
     pub coverage: Coverage,
     pub timings: Timings,
+    /// How shrinking was bounded (`--shrink-share`, `--shrink-budget`) and where it was
+    /// cut short.
+    pub shrinking: Shrinking,
     /// For a merged report: the shards folded into it, and the run ids they came from.
     pub merged_shards: Vec<Shard>,
     pub merged_runs: Vec<String>,
@@ -118,6 +121,53 @@ pub struct KernelStats {
     /// Determinism and batch invariance (DESIGN §7), checked where `--repeat` /
     /// `--batch-invariance` say; findings only under `--require`.
     pub properties: crate::property::PropertyStats,
+    /// `kernel_secs` split by compile key, for kernels that declare one
+    /// (`Kernel::compile_key`); empty for the others.
+    pub compile: CompileTimes,
+}
+
+/// A kernel's time split by compile key ([`crate::kernel::compile_key_of`]): a run whose
+/// key value the kernel had not run before in this campaign (a shard: in this shard)
+/// counts as a first call, its library's JIT compile included; every later run of that
+/// value is steady.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct CompileTimes {
+    /// The key values run (`heads=64 head_dim=128`); merged: the union over shards.
+    pub keys: std::collections::BTreeSet<String>,
+    /// `keys.len()`: the distinct keys visited.
+    pub distinct_keys: u64,
+    /// First calls of a key and their kernel time (compile included). Merged: summed
+    /// over shards, each of which compiled its own.
+    pub first_calls: u64,
+    pub first_call_secs: f64,
+    /// Every other run of a key, and its kernel time.
+    pub steady_calls: u64,
+    pub steady_secs: f64,
+}
+
+impl CompileTimes {
+    /// Counts one run of key value `key` that took `secs` of kernel time.
+    pub fn record(&mut self, key: &str, secs: f64) {
+        if self.keys.insert(key.to_string()) {
+            self.first_calls += 1;
+            self.first_call_secs += secs;
+        } else {
+            self.steady_calls += 1;
+            self.steady_secs += secs;
+        }
+        self.distinct_keys = self.keys.len() as u64;
+    }
+
+    /// Folds `b` (another shard's) into `self`.
+    pub fn merge(&mut self, b: &CompileTimes) {
+        self.keys.extend(b.keys.iter().cloned());
+        self.distinct_keys = self.keys.len() as u64;
+        self.first_calls += b.first_calls;
+        self.first_call_secs += b.first_call_secs;
+        self.steady_calls += b.steady_calls;
+        self.steady_secs += b.steady_secs;
+    }
 }
 
 /// The smallest and largest value seen (`None` before the first).
@@ -332,6 +382,65 @@ pub struct Finding {
     pub localisation_skipped: Option<String>,
     /// Counts of `|err| / bound` per bin, see [`crate::report::picture::HISTOGRAM_BINS`].
     pub error_histogram: Vec<u64>,
+    /// Why its shrinking or ablation stopped before `--shrink-budget` did, if a cap of
+    /// the campaign stopped it (the case may be larger, the trigger incomplete).
+    pub shrink_cut_short: Option<ShrinkCut>,
+}
+
+/// What cut a finding's shrinking short.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ShrinkCut {
+    /// The campaign's shrinking had used its `--shrink-share` of the budget.
+    ShareSpent,
+    /// The campaign's `--budget` was at its end.
+    BudgetEnd,
+}
+
+impl ShrinkCut {
+    pub fn words(self) -> &'static str {
+        match self {
+            ShrinkCut::ShareSpent => "share spent",
+            ShrinkCut::BudgetEnd => "budget end",
+        }
+    }
+}
+
+/// How a campaign's shrinking (shrink steps and ablation, all findings together) was
+/// bounded: at most `share` of the wall budget in total, at most `per_finding_secs` per
+/// finding; a finding met once a cap is reached still gets up to `floor_secs`, from one
+/// pool of that size per campaign.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct Shrinking {
+    /// `--shrink-share`.
+    pub share: f64,
+    /// `share` × the wall budget; 0 without one (then only the per-finding cap holds).
+    /// Merged: summed over shards.
+    pub cap_secs: f64,
+    /// `--shrink-budget`.
+    pub per_finding_secs: f64,
+    /// The floor's pool (merged: summed).
+    pub floor_secs: f64,
+    /// Findings whose shrinking was cut short, by why.
+    pub cut_short_share: u64,
+    pub cut_short_budget_end: u64,
+    /// Failures filed to a finding a corpus file holds shrunk (its saved signature, not
+    /// replayed in this campaign), without shrinking them.
+    pub known_from_corpus: u64,
+}
+
+impl Shrinking {
+    /// Folds `b` (another shard's) into `self`.
+    pub fn merge(&mut self, b: &Shrinking) {
+        self.share = self.share.max(b.share);
+        self.cap_secs += b.cap_secs;
+        self.per_finding_secs = self.per_finding_secs.max(b.per_finding_secs);
+        self.floor_secs += b.floor_secs;
+        self.cut_short_share += b.cut_short_share;
+        self.cut_short_budget_end += b.cut_short_budget_end;
+        self.known_from_corpus += b.known_from_corpus;
+    }
 }
 
 impl Finding {

@@ -11,7 +11,16 @@ use std::ops::AddAssign;
 impl KernelStats {
     /// Folds one verdict of a case into the statistics; returns the kernel time it
     /// counted (the kernel's own clock where it reports one, else the run's wall time).
-    pub fn record(&mut self, v: &Verdict, run_wall_secs: f64, setup_secs: f64, case: &Case) -> f64 {
+    /// `compile_key`: the case's value of the kernel's compile key, when it declares one
+    /// ([`crate::kernel::compile_key_of`]): the time is also counted as a first call of
+    /// that value or a steady one ([`super::model::CompileTimes`]).
+    pub fn record(
+        &mut self,
+        v: &Verdict,
+        (run_wall_secs, setup_secs): (f64, f64),
+        case: &Case,
+        compile_key: Option<&str>,
+    ) -> f64 {
         let kernel_secs = v.run.kernel_time.map_or(run_wall_secs, |d| d.as_secs_f64());
         if v.skipped.is_some() {
             self.skipped += 1;
@@ -37,6 +46,9 @@ impl KernelStats {
         self.rows_checked += v.metrics.rows_checked;
         self.logits_checked += v.metrics.checked;
         self.kernel_secs += kernel_secs;
+        if let Some(key) = compile_key {
+            self.compile.record(key, kernel_secs);
+        }
         // A crashed case has no output for the guard to act on: not counted either way.
         if v.classes.contains_key(&Class::Crash) {
             return kernel_secs;
@@ -95,6 +107,7 @@ impl AddAssign<&KernelStats> for KernelStats {
         }
         self.population.merge(&k.population);
         self.properties.merge(&k.properties);
+        self.compile.merge(&k.compile);
         self.max_err_over_bound = max_ratio(self.max_err_over_bound, k.max_err_over_bound);
     }
 }
