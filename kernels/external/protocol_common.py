@@ -214,38 +214,57 @@ class Case:
 class SparseDeviceView:
     """The poisoned device cache without allocating it (``kernel::cpu::DeviceView``):
     a read at any byte address returns stored block bytes or poison; outside the
-    allocation it raises :class:`Crash` (an illegal address)."""
+    allocation it raises :class:`Crash` (an illegal address).
+
+    Vectorised: :meth:`gather` reads the bytes at an array of addresses (slot =
+    address // stride, offset = address % stride; a stored slot's bytes, else the slot's
+    poison byte), :meth:`stored` reads inside blocks known to be stored at their true
+    address, by their index in ``kv_blocks``, without address arithmetic."""
 
     def __init__(self, case):
         self.case = case
         self.len = case.num_blocks * case.kv_block_stride
         self.stride = case.kv_block_stride
+        self.block_bytes = case.block_bytes
         self.poison = case.slot_poison()
-        self.index = {int(b): k for k, b in enumerate(case.kv_ids)}
-        self.images = {}
+        self.flat = np.asarray(case.kv_blocks).reshape(-1)
+        # id -> index into kv_blocks through the sorted ids (the last of repeated ids
+        # wins, as a dict built in order would have it).
+        ids = np.asarray(case.kv_ids, np.int64).reshape(-1)
+        rev = ids[::-1]
+        self.ids, first = np.unique(rev, return_index=True)
+        self.kidx = (len(ids) - 1 - first).astype(np.int64)
 
-    def slot_image(self, slot):
-        k = self.index.get(slot)
-        if k is None:
-            return self.poison
-        img = self.images.get(slot)
-        if img is None:
-            img = self.poison.copy()
-            img[:self.case.block_bytes] = self.case.kv_blocks[k]
-            self.images[slot] = img
-        return img
+    def index_of(self, slots):
+        """Index into ``kv_blocks`` of each slot id of ``slots``, -1 where not stored."""
+        slots = np.asarray(slots, np.int64)
+        if self.ids.size == 0:
+            return np.full(slots.shape, -1, np.int64)
+        pos = np.minimum(np.searchsorted(self.ids, slots), self.ids.size - 1)
+        return np.where(self.ids[pos] == slots, self.kidx[pos], -1)
+
+    def stored(self, k, within):
+        """Bytes at offsets ``within`` of the stored blocks ``k`` (broadcast; each
+        offset below ``block_bytes``)."""
+        return self.flat[k * self.block_bytes + within]
+
+    def gather(self, addr, what="read"):
+        """The bytes at byte addresses ``addr`` (any shape)."""
+        addr = np.asarray(addr, np.int64)
+        if addr.size and (addr.min() < 0 or addr.max() >= self.len):
+            bad = int(addr.reshape(-1)[np.argmax(((addr < 0) | (addr >= self.len)).reshape(-1))])
+            raise Crash(f"illegal address: {what} at byte offset {bad} of a {self.len}-byte cache")
+        slot, within = np.divmod(addr, self.stride)
+        k = self.index_of(slot)
+        hit = (k >= 0) & (within < self.block_bytes)
+        out = self.poison[within]
+        out[hit] = self.flat[k[hit] * self.block_bytes + within[hit]]
+        return out
 
     def read(self, addr, n, what="read"):
         if addr < 0 or addr + n > self.len:
             raise Crash(f"illegal address: {what} of {n} bytes at byte offset {addr} of a {self.len}-byte cache")
-        out = np.empty(n, np.uint8)
-        cur, end = addr, addr + n
-        while cur < end:
-            slot, within = divmod(cur, self.stride)
-            take = min(self.stride - within, end - cur)
-            out[cur - addr:cur - addr + take] = self.slot_image(slot)[within:within + take]
-            cur += take
-        return out
+        return self.gather(addr + np.arange(n, dtype=np.int64))
 
 
 # ---- the loop -------------------------------------------------------------------------
