@@ -19,11 +19,17 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# One BLAS thread: the products are many and small, and a threaded BLAS spins for the
+# cores that mqa-fuzz (or anything else on the machine) is using; one core does this
+# arithmetic faster than the CPU kernels do on all of them. Set it to override.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 
 import protocol_common as pc  # noqa: E402
 
 SCHEDULE_SMS = 8
+# Elements of the [tokens, N, H] products computed at once (bounds the temporaries).
+GROUP_ELEMS = 1 << 21
 PLANTS = [
     "tail-unwritten", "offset32-kv", "offset32-out", "mask-off-by-one", "ctx2d-ignored",
     "table-padding-read", "zero-batch", "fnuz-as-fn", "scale-before-relu",
@@ -50,124 +56,202 @@ class Kernel:
         return p in self.plants
 
     # -- what the kernel believes -------------------------------------------------------
-    def believed_len(self, c, r):
+    def believed(self, c):
+        """V(r) lengths ``[B, N]`` as this kernel believes them, and the tokens the
+        schedule covers per sequence ``[B]``."""
         n = c.next_n
-        b, i = divmod(r, n)
-        if self.has("ctx2d-ignored") and c.lens_2d:
-            flat = int(c.context_lens.reshape(-1)[b])  # context_lens[b] of the flattened [B, N]
-            return max(0, flat - n + i + 1)
-        ln = c.valid_len(r)
+        cl = np.asarray(c.context_lens, np.int64)
+        i = np.arange(n, dtype=np.int64)[None, :]
+        if c.lens_2d and self.has("ctx2d-ignored"):
+            flat = cl.reshape(-1)[:c.batch]  # context_lens[b] of the flattened [B, N]
+            lens = np.maximum(0, flat[:, None] - n + i + 1)
+            return lens, lens.max(axis=1, initial=0)
+        lens = np.maximum(0, cl) if c.lens_2d else np.maximum(0, cl[:, None] - n + i + 1)
+        seq = np.maximum(0, cl.max(axis=1, initial=0) if c.lens_2d else cl)
         if self.has("mask-off-by-one") and n > 1:
-            return max(0, ln - 1)
-        return ln
+            lens = np.maximum(0, lens - 1)
+        return lens, seq
 
-    def believed_seq_tokens(self, c, b):
-        n = c.next_n
-        if self.has("ctx2d-ignored") and c.lens_2d:
-            return max(self.believed_len(c, b * n + i) for i in range(n))
-        return c.seq_tokens(b)
+    def schedule(self, c, seq):
+        """The kept work items ``(sequence, chunk)`` in schedule order, as two arrays;
+        ``None`` for the zero-batch bug's sentinel item."""
+        tokens = seq
+        chunks = tokens // pc.CHUNK_K if self.has("tail-unwritten") else -(-tokens // pc.CHUNK_K)
+        if self.has("short-row-skipped"):
+            chunks = np.where(tokens < c.next_n, 0, chunks)
+        total = int(chunks.sum())
+        if total == 0 and self.has("zero-batch") and c.batch % 32 == 0:
+            return None  # the scheduler's search runs off the end: sentinel item
+        item_b = np.repeat(np.arange(c.batch, dtype=np.int64), chunks)
+        item_ch = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(chunks) - chunks, chunks)
+        if self.has("split-boundary-drop"):
+            per_sm = max(1, -(-total // SCHEDULE_SMS))
+            k = np.arange(total)
+            keep = ~((k // per_sm > 0) & (k % per_sm == 0) & (item_ch > 0))
+            item_b, item_ch = item_b[keep], item_ch[keep]
+        return item_b, item_ch
 
-    def schedule(self, c):
-        items = []
-        for b in range(c.batch):
-            tokens = self.believed_seq_tokens(c, b)
-            if self.has("short-row-skipped") and tokens < c.next_n:
-                continue
-            chunks = tokens // pc.CHUNK_K if self.has("tail-unwritten") else -(-tokens // pc.CHUNK_K)
-            items.extend((b, k) for k in range(chunks))
-        if not items and self.has("zero-batch") and c.batch % 32 == 0:
-            return [(c.batch, 0)]  # the scheduler's search runs off the end: sentinel item
-        per_sm = max(1, -(-len(items) // SCHEDULE_SMS))
-        out = []
-        for k, (b, ch) in enumerate(items):
-            if self.has("split-boundary-drop") and k // per_sm > 0 and k % per_sm == 0 and ch > 0:
-                continue
-            out.append((b, ch))
-        return out
+    def needed(self, c, chs, maxlen, seq_tokens):
+        """Tokens of chunks ``chs`` of one sequence that the kernel loads: their positions
+        in the chunks' ``[len(chs)*CHUNK_K]`` tile and the tokens (ascending)."""
+        t = (chs[:, None] * pc.CHUNK_K + np.arange(pc.CHUNK_K)).reshape(-1)
+        want = t < maxlen
+        if self.has("table-padding-read"):
+            # Loads every key of the chunk the table can address, padding included.
+            want |= (t >= seq_tokens) & (t < c.max_blocks * c.block_size)
+        pos = np.flatnonzero(want)
+        return pos, t[pos]
 
     # -- memory -------------------------------------------------------------------------
-    def keys(self, c, view, table, offs, b, ts):
-        """Decoded keys [len(ts), D] and scales [len(ts)] of tokens ``ts`` of sequence b."""
-        bs, d = c.block_size, c.head_dim
-        k = np.empty((len(ts), d), np.float32)
-        s = np.empty(len(ts), np.float32)
-        ts = np.asarray(ts)
-        for j in np.unique(ts // bs):
-            j = int(j)
-            if j >= c.block_table_stride:
+    def block_base(self, c, bid):
+        """Byte address of blocks ``bid`` (int64) as this kernel computes it."""
+        stride = c.kv_block_stride
+        if self.has("offset32-kv"):
+            m = np.uint64(0xFFFFFFFF)
+            return (((bid & 0xFFFFFFFF).astype(np.uint64) * np.uint64(stride & 0xFFFFFFFF)) & m).astype(np.int64)
+        return bid * stride
+
+    def check_reads(self, c, view, b, ts):
+        """Raises the crash of the first block (ascending) of tokens ``ts`` of sequence b
+        that the kernel cannot read whole: past the table or outside the cache."""
+        if not ts.size:
+            return
+        jj = ts // c.block_size
+        js = jj[np.flatnonzero(np.r_[True, jj[1:] != jj[:-1]])]
+        past = js >= c.block_table_stride
+        bid = np.zeros(js.size, np.int64)
+        bid[~past] = c.block_table[b, js[~past]]
+        base = self.block_base(c, bid)
+        bad = past | (base < 0) | (base > view.len - c.block_bytes)
+        if bad.any():
+            x = int(np.argmax(bad))
+            j = int(js[x])
+            if past[x]:
                 raise pc.Crash(f"illegal address: block_table[{b}][{j}] is past the table")
-            bid = int(c.block_table[b, j])
-            stride = c.kv_block_stride
-            if self.has("offset32-kv"):
-                base = ((bid & 0xFFFFFFFF) * (stride & 0xFFFFFFFF)) & 0xFFFFFFFF
-            else:
-                base = bid * stride
-            blk = view.read(base, c.block_bytes, f"block id {bid} (block_table[{b}][{j}])")
-            sel = np.nonzero(ts // bs == j)[0]
-            slots = ts[sel] % bs
-            k[sel] = table[blk[offs[slots]]]
-            s[sel] = blk[bs * d:].view("<f4")[slots]
-        return k, s
+            view.read(int(base[x]), c.block_bytes, f"block id {int(bid[x])} (block_table[{b}][{j}])")
+
+    def keys(self, c, view, table, offs, b, ts):
+        """Decoded keys [len(ts), D] and scales [len(ts)] of tokens ``ts`` of sequence b
+        (blocks already checked by :meth:`check_reads`)."""
+        bs, d = c.block_size, c.head_dim
+        j, p = np.divmod(ts, bs)
+        bid = c.block_table[b, j].astype(np.int64)
+        base = self.block_base(c, bid)
+        k = view.index_of(bid)
+        # The common case: a stored block at its true address, read by its index. Anything
+        # else (wrapped offsets, padding ids, unreferenced blocks) is read by address.
+        fast = (k >= 0) & (base == bid * c.kv_block_stride)
+        scale_at = bs * d + 4 * p[:, None] + np.arange(4)
+        if fast.all():
+            codes = self.stored_codes(c, view, offs, k, p)
+            sbytes = view.stored(k[:, None], scale_at)
+        else:
+            codes = np.empty((ts.size, d), np.uint8)
+            sbytes = np.empty((ts.size, 4), np.uint8)
+            f, s = np.flatnonzero(fast), np.flatnonzero(~fast)
+            codes[f] = self.stored_codes(c, view, offs, k[f], p[f])
+            sbytes[f] = view.stored(k[f, None], scale_at[f])
+            codes[s] = view.gather(base[s, None] + offs[p[s]])
+            sbytes[s] = view.gather(base[s, None] + scale_at[s])
+        return table[codes], sbytes.view("<f4").reshape(-1)
+
+    @staticmethod
+    def stored_codes(c, view, offs, k, p):
+        """fp8 codes [len(k), D] of positions p of stored blocks k: rows of the blocks
+        viewed in their layout (whole rows gathered), else byte by byte through offs."""
+        bs, d = c.block_size, c.head_dim
+        vals = np.asarray(c.kv_blocks)[:, :bs * d]
+        if c.layout == "normal":
+            return vals.reshape(-1, bs, d)[k, p]
+        if c.layout == "shuffle16" and bs % 16 == 0 and d % 16 == 0:
+            # [16-token group][D/16][16 tokens][16 values]
+            v = vals.reshape(-1, bs // 16, d // 16, 16, 16)
+            return v[k, p // 16, :, p % 16, :].reshape(k.size, d)
+        return view.stored(k[:, None], offs[p])
+
+    # -- the stores ---------------------------------------------------------------------
+    def store_at(self, c, b, chs, end):
+        """Element indices into ``logits`` of the whole-chunk stores of chunks ``chs`` of
+        sequence b's rows, ``[len(chs), N, CHUNK_K]`` in store order, and which of them are
+        stored (below ``end``); raises the crash of the first store outside the buffer."""
+        n = c.next_n
+        t = chs[:, None] * pc.CHUNK_K + np.arange(pc.CHUNK_K)
+        rows = b * n + np.arange(n, dtype=np.int64)
+        elem = rows[None, :, None] * c.out_row_stride + t[:, None, :]
+        if self.has("offset32-out"):
+            elem = ((elem * 4).astype(np.int32).astype(np.int64)) // 4  # int32 byte offset
+        at = c.guard_elems + elem
+        live = np.broadcast_to((t < end)[:, None, :], at.shape)
+        bad = live & ((at < 0) | (at >= c.logits.size))
+        if bad.any():
+            x = int(np.argmax(bad))
+            r = int(rows[np.unravel_index(x, at.shape)[1]])
+            raise pc.Crash(f"illegal address: store of row {r} at element offset {int(elem.reshape(-1)[x])} "
+                           f"of a {c.rows * c.out_row_stride}-element output")
+        return at, live
 
     # -- the run --------------------------------------------------------------------------
     def run(self, c):
         t0 = time.perf_counter()
+        with np.errstate(invalid="ignore", over="ignore"):
+            self.compute(c)
+        return {"kernel_time_us": (time.perf_counter() - t0) * 1e6, "inputs_intact": True}
+
+    def compute(self, c):
         n, h, d = c.next_n, c.heads, c.head_dim
         fmt = "e4m3fn" if self.has("fnuz-as-fn") else c.format
         table = pc.fp8_table(fmt)
         inside = self.has("scale-before-relu")
         view = pc.SparseDeviceView(c)
         offs = c.value_offsets()
+        raw = c.logits
+        end = c.max_model_len + 1 if self.has("store-past-end") else c.max_model_len
+        lens, seq = self.believed(c)
+        sched = self.schedule(c, seq)
+        if sched is None:
+            # The sentinel item (batch, 0): masked everywhere, stored like any other.
+            at, live = self.store_at(c, c.batch, np.zeros(1, np.int64), end)
+            raw[at[live]] = -np.inf
+            return
+        item_b, item_ch = sched
+        # Items run in schedule order: (sequence, chunk) ascending, so each sequence's
+        # items are one run of it.
+        starts = np.flatnonzero(np.r_[True, item_b[1:] != item_b[:-1]]) if item_b.size else np.zeros(0, int)
+        seqs = [(int(item_b[s]), item_ch[s:e]) for s, e in zip(starts, np.r_[starts[1:], item_b.size])]
+        # Every item is computed before any store: the first unreadable block (in
+        # schedule order) is the crash, whatever the stores would do.
+        for b, chs in seqs:
+            self.check_reads(c, view, b, self.needed(c, chs, lens[b].max(), seq[b])[1])
         q_codes = c.q.reshape(c.rows, h, d)
-        w = c.weights.reshape(c.rows, h)
-        sched = self.schedule(c)
-        tiles = []
-        for b, ch in sched:
-            tile = np.full((n, pc.CHUNK_K), -np.inf, np.float32)
-            if b < c.batch:
-                lens = [self.believed_len(c, b * n + i) for i in range(n)]
-                seq_tokens = self.believed_seq_tokens(c, b)
-                t_lo = ch * pc.CHUNK_K
-                t = np.arange(t_lo, t_lo + pc.CHUNK_K)
-                want = t < max(lens)
-                if self.has("table-padding-read"):
-                    # Loads every key of the chunk the table can address, padding included.
-                    want |= (t >= seq_tokens) & (t // c.block_size < c.max_blocks)
-                ts = t[want]
+        w = c.weights.reshape(c.rows, h).astype(np.float32)
+        group = max(1, GROUP_ELEMS // (pc.CHUNK_K * n * h))  # chunks computed at once
+        for b, all_chs in seqs:
+            qb = table[q_codes[b * n:(b + 1) * n]]  # [N, H, D]
+            wb = w[b * n:(b + 1) * n]
+            lb = lens[b]
+            for g0 in range(0, all_chs.size, group):
+                chs = all_chs[g0:g0 + group]
+                at, live = self.store_at(c, b, chs, end)  # in store order: first bad store
+                tile = np.full((n, chs.size * pc.CHUNK_K), -np.inf, np.float32)
+                pos, ts = self.needed(c, chs, lb.max(), seq[b])
                 if ts.size:
                     k, s = self.keys(c, view, table, offs, b, ts)
+                    dots = np.empty((ts.size, n, h), np.float32)
                     for i in range(n):
-                        r = b * n + i
-                        # Decoded per row: a 2 GiB-output case has ~10^6 rows, most empty.
-                        dots = k @ table[q_codes[r]].T  # [T, H], f32 accumulation
-                        if inside:
-                            dots = dots * s[:, None]
-                        relu = np.where((dots > 0) | np.isnan(dots), dots, np.float32(0))
-                        acc = (relu * w[r].astype(np.float32)[None, :]).sum(axis=1, dtype=np.float32)
-                        if not inside:
-                            acc = acc * s
-                        m = ts < lens[i]
-                        tile[i, ts[m] - t_lo] = acc[m]
-            tiles.append(tile)
-        raw = c.logits
-        g = c.guard_elems
-        end = c.max_model_len + 1 if self.has("store-past-end") else c.max_model_len
-        for (b, ch), tile in zip(sched, tiles):
-            t_lo = ch * pc.CHUNK_K
-            width = max(0, min(pc.CHUNK_K, end - t_lo))
-            for i in range(n):
-                r = b * n + i
-                elem = r * c.out_row_stride + t_lo + np.arange(width, dtype=np.int64)
-                if self.has("offset32-out"):
-                    elem = ((elem * 4).astype(np.int32).astype(np.int64)) // 4  # int32 byte offset
-                at = g + elem
-                bad = (at < 0) | (at >= raw.size)
-                if bad.any():
-                    e = int(elem[np.argmax(bad)])
-                    raise pc.Crash(f"illegal address: store of row {r} at element offset {e} "
-                                   f"of a {c.rows * c.out_row_stride}-element output")
-                raw[at] = tile[i, :width]
-        return {"kernel_time_us": (time.perf_counter() - t0) * 1e6, "inputs_intact": True}
+                        np.matmul(k, qb[i].T, out=dots[:, i])  # f32 accumulation
+                    if inside:
+                        dots *= s[:, None, None]
+                    relu = np.maximum(dots, np.float32(0), out=dots)  # NaN propagates
+                    relu += np.float32(0)  # -0.0 -> 0.0, as relu32 gives
+                    relu *= wb[None]
+                    acc = relu.sum(axis=2, dtype=np.float32)  # [T, N]
+                    if not inside:
+                        acc *= s[:, None]
+                    for i in range(n):
+                        m = int(np.searchsorted(ts, lb[i]))  # ts ascending: t < len is a prefix
+                        tile[i, pos[:m]] = acc[:m, i]
+                vals = tile.reshape(n, chs.size, pc.CHUNK_K).transpose(1, 0, 2)
+                raw[at[live]] = vals[live]
 
 
 def main():
