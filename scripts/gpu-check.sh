@@ -49,6 +49,7 @@
 # Output: every check prints what it finds; logs, reports and saved cases go under $OUT
 # (default: a new temporary directory, printed). Knobs: CASES, REFERENCE_CASES, PROFILE,
 # RUN_BUDGET, BUG_BUDGET (quick); BUDGET, SEED, OLD_BIN (production); KERNELS (deepgemm);
+# BUDGET, SEED, OLD_BIN, OLD_ADAPTERS, PROFILES, TILED_BUDGET (0: none) (speed);
 # TORCH=0 skips the torch campaigns.
 set -u
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -314,14 +315,16 @@ check_speed() {
     local old=${OLD_BIN:-$here/mqa-fuzz-old} olda=${OLD_ADAPTERS:-$here/external-old}
     local t=${BUDGET:-100} seed=${SEED:-9} p
     [ -x "$old" ] || echo "no old binary at $old: this binary alone"
-    for p in all production; do
+    for p in ${PROFILES:-all production}; do
         [ -x "$old" ] && MQA_FUZZ_ADAPTERS="$olda" BIN="$old" \
             campaign "speed-old-dg-$p" --kernel deepgemm --profile "$p" --budget "$t" --seed "$seed"
         campaign "speed-new-dg-$p" --kernel deepgemm --profile "$p" --budget "$t" --seed "$seed"
     done
     local tt=${TILED_BUDGET:-45}
-    [ -x "$old" ] && BIN="$old" campaign speed-old-tiled --kernel cuda:tiled --profile all --budget "$tt" --seed "$seed"
-    campaign speed-new-tiled --kernel cuda:tiled --profile all --budget "$tt" --seed "$seed"
+    if [ "$tt" != 0 ]; then
+        [ -x "$old" ] && BIN="$old" campaign speed-old-tiled --kernel cuda:tiled --profile all --budget "$tt" --seed "$seed"
+        campaign speed-new-tiled --kernel cuda:tiled --profile all --budget "$tt" --seed "$seed"
+    fi
     python3 - "$W"/r/speed-* <<'PY'
 import json, os, statistics, sys
 for d in sys.argv[1:]:
