@@ -262,7 +262,7 @@ pub fn record(cov: &mut Coverage, recipe: &Recipe, case: &Case) {
     }
     hit(
         "table_order",
-        match recipe.table_order {
+        match recipe.knobs.table_order {
             TableOrder::Sequential => "sequential",
             TableOrder::Permuted => "permuted",
             TableOrder::Reversed => "reversed",
@@ -273,7 +273,7 @@ pub fn record(cov: &mut Coverage, recipe: &Recipe, case: &Case) {
     if pad_used {
         hit(
             "padding",
-            match recipe.padding {
+            match recipe.knobs.padding {
                 crate::generate::Padding::Zero => "zero",
                 crate::generate::Padding::MinusOne => "minus_one",
                 crate::generate::Padding::Huge => "huge",
@@ -282,7 +282,7 @@ pub fn record(cov: &mut Coverage, recipe: &Recipe, case: &Case) {
             },
         );
     }
-    let pool = match recipe.offsets {
+    let pool = match recipe.knobs.offsets {
         OffsetClass::Pool(p) => Some(p),
         _ => None,
     };
@@ -300,7 +300,7 @@ pub fn record(cov: &mut Coverage, recipe: &Recipe, case: &Case) {
             },
         );
     } else {
-        hit("kv_offsets", offset_name(recipe.offsets));
+        hit("kv_offsets", offset_name(recipe.knobs.offsets));
     }
     let requests = s.batch / pool.map_or(1, |p| p.rows_per_request.max(1) as usize);
     hit("batch", batch_bin(requests));
@@ -343,7 +343,7 @@ pub fn record(cov: &mut Coverage, recipe: &Recipe, case: &Case) {
     );
     hit(
         "values",
-        match recipe.values {
+        match recipe.knobs.values {
             crate::generate::ValueKind::Pipeline => "pipeline",
             crate::generate::ValueKind::UniformCodes => "uniform_codes",
             crate::generate::ValueKind::Extreme => "extreme",
@@ -364,7 +364,7 @@ pub fn record(cov: &mut Coverage, recipe: &Recipe, case: &Case) {
             "bs={}|n={}|{layout}|{}",
             bs_class(s.block_size),
             n_class(s.next_n),
-            offset_name(recipe.offsets)
+            offset_name(recipe.knobs.offsets)
         )
     };
     *cov.combos.entry(combo).or_default() += 1;

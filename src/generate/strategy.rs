@@ -9,7 +9,7 @@
 //! sequences), which is what makes shrunk cases minimal.
 
 use super::engine::{self, EngineDraw};
-use super::recipe::{LensRecipe, OffsetClass, Padding, Recipe, TableOrder, ValueKind};
+use super::recipe::{Knobs, LensRecipe, OffsetClass, Padding, Recipe, TableOrder, ValueKind};
 use crate::case::ValueLayout;
 use crate::fp8::Fp8Format;
 use crate::kernel::{BlockSizes, Capabilities};
@@ -85,26 +85,13 @@ pub enum LensDraw {
 /// Everything drawn for one case, before the kernel's capabilities are applied.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Draw {
-    pub next_n: usize,
-    pub heads: usize,
-    pub head_dim: usize,
-    pub block_size: usize,
+    #[serde(flatten)]
+    pub knobs: Knobs,
+    /// The shuffle16 value layout, where the block size and head dim allow it.
     pub shuffle16: bool,
-    pub format: Fp8Format,
     pub lens: LensDraw,
     /// Per-token (2-D) lengths: perturbations of the standard causal lengths.
     pub per_token: Option<Vec<i8>>,
-    pub model_len_slack: usize,
-    pub out_stride_pad: usize,
-    pub big_output: bool,
-    pub table_order: TableOrder,
-    pub padding: Padding,
-    pub surplus_blocks: usize,
-    pub table_stride_pad: usize,
-    pub kv_stride_pad: u64,
-    pub offsets: OffsetClass,
-    pub values: ValueKind,
-    pub seed: u64,
     /// The engine model of a production draw (`None` for the other profiles).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine: Option<EngineDraw>,
@@ -180,7 +167,7 @@ pub fn draw_strategy_scaled(profile: Profile, k: u64, scale: f64) -> SBoxedStrat
         Profile::Hostile => prop_oneof![
             layout(true, k),
             production().prop_map(|mut d| {
-                d.values = ValueKind::Hostile;
+                d.knobs.values = ValueKind::Hostile;
                 d
             })
         ]
@@ -230,25 +217,21 @@ fn production() -> impl Strategy<Value = Draw> {
             (order, padding, surplus),
             seed,
         )| Draw {
-            next_n,
-            heads,
-            head_dim,
-            block_size,
+            knobs: Knobs {
+                next_n,
+                heads,
+                head_dim,
+                block_size,
+                format,
+                model_len_slack: slack,
+                table_order: order,
+                padding,
+                surplus_blocks: surplus,
+                ..Knobs::production(next_n, seed)
+            },
             shuffle16,
-            format,
             lens,
             per_token,
-            model_len_slack: slack,
-            out_stride_pad: 0,
-            big_output: false,
-            table_order: order,
-            padding,
-            surplus_blocks: surplus,
-            table_stride_pad: 0,
-            kv_stride_pad: 0,
-            offsets: OffsetClass::Low,
-            values: ValueKind::Pipeline,
-            seed,
             engine: None,
         },
     )
@@ -375,25 +358,27 @@ fn layout(hostile: bool, k: u64) -> impl Strategy<Value = Draw> {
             values,
             seed,
         )| Draw {
-            next_n,
-            heads,
-            head_dim,
-            block_size,
+            knobs: Knobs {
+                next_n,
+                heads,
+                head_dim,
+                block_size,
+                format,
+                model_len_slack: slack,
+                out_stride_pad: out_pad,
+                big_output,
+                table_order: order,
+                padding,
+                surplus_blocks: surplus,
+                table_stride_pad: tpad,
+                kv_stride_pad: kvpad,
+                offsets,
+                values,
+                seed,
+            },
             shuffle16,
-            format,
             lens,
             per_token,
-            model_len_slack: slack,
-            out_stride_pad: out_pad,
-            big_output,
-            table_order: order,
-            padding,
-            surplus_blocks: surplus,
-            table_stride_pad: tpad,
-            kv_stride_pad: kvpad,
-            offsets,
-            values,
-            seed,
             engine: None,
         },
     )
@@ -435,15 +420,15 @@ impl Draw {
         if d.engine.is_some()
             && caps
                 .iter()
-                .any(|c| d.next_n < c.next_n.0 || d.next_n > c.next_n.1)
+                .any(|c| d.knobs.next_n < c.next_n.0 || d.knobs.next_n > c.next_n.1)
         {
-            rows_per_request = d.next_n;
-            d.next_n = 1;
+            rows_per_request = d.knobs.next_n;
+            d.knobs.next_n = 1;
         }
         for c in caps {
-            if !c.formats.contains(&d.format) {
-                adjust.push(format!("format {}", d.format));
-                d.format = c.formats[0];
+            if !c.formats.contains(&d.knobs.format) {
+                adjust.push(format!("format {}", d.knobs.format));
+                d.knobs.format = c.formats[0];
             }
             let shuffle_ok = c.layouts.contains(&ValueLayout::Shuffle16);
             if d.shuffle16 && !shuffle_ok {
@@ -454,28 +439,34 @@ impl Draw {
                 d.shuffle16 = true;
             }
             if let BlockSizes::List(v) = &c.block_sizes {
-                if !v.contains(&d.block_size) {
-                    adjust.push(format!("block_size {}", d.block_size));
-                    d.block_size = *v
+                if !v.contains(&d.knobs.block_size) {
+                    adjust.push(format!("block_size {}", d.knobs.block_size));
+                    d.knobs.block_size = *v
                         .iter()
-                        .min_by_key(|&&b| b.abs_diff(d.block_size))
+                        .min_by_key(|&&b| b.abs_diff(d.knobs.block_size))
                         .unwrap_or(&64);
                 }
             }
-            if d.next_n < c.next_n.0 || d.next_n > c.next_n.1 {
-                adjust.push(format!("next_n {}", d.next_n));
-                d.next_n = d.next_n.clamp(c.next_n.0, c.next_n.1);
+            if d.knobs.next_n < c.next_n.0 || d.knobs.next_n > c.next_n.1 {
+                adjust.push(format!("next_n {}", d.knobs.next_n));
+                d.knobs.next_n = d.knobs.next_n.clamp(c.next_n.0, c.next_n.1);
             }
             if let Some(h) = &c.heads {
-                if !h.contains(&d.heads) {
-                    adjust.push(format!("heads {}", d.heads));
-                    d.heads = *h.iter().min_by_key(|&&x| x.abs_diff(d.heads)).unwrap();
+                if !h.contains(&d.knobs.heads) {
+                    adjust.push(format!("heads {}", d.knobs.heads));
+                    d.knobs.heads = *h
+                        .iter()
+                        .min_by_key(|&&x| x.abs_diff(d.knobs.heads))
+                        .unwrap();
                 }
             }
             if let Some(h) = &c.head_dims {
-                if !h.contains(&d.head_dim) {
-                    adjust.push(format!("head_dim {}", d.head_dim));
-                    d.head_dim = *h.iter().min_by_key(|&&x| x.abs_diff(d.head_dim)).unwrap();
+                if !h.contains(&d.knobs.head_dim) {
+                    adjust.push(format!("head_dim {}", d.knobs.head_dim));
+                    d.knobs.head_dim = *h
+                        .iter()
+                        .min_by_key(|&&x| x.abs_diff(d.knobs.head_dim))
+                        .unwrap();
                 }
             }
             if d.per_token.is_some() && !c.lens_2d {
@@ -485,19 +476,19 @@ impl Draw {
             if d.per_token.is_none() && !c.lens_1d {
                 d.per_token = Some(vec![0]);
             }
-            if d.values.is_hostile() && !c.hostile_values {
+            if d.knobs.values.is_hostile() && !c.hostile_values {
                 adjust.push("hostile values".into());
-                d.values = ValueKind::Pipeline;
+                d.knobs.values = ValueKind::Pipeline;
             }
             if c.max_kv_bytes.is_some_and(|m| m < (1u64 << 33))
-                && d.offsets != OffsetClass::Low
+                && d.knobs.offsets != OffsetClass::Low
                 && d.engine.is_none()
             {
-                adjust.push(format!("offsets {:?}", d.offsets));
-                d.offsets = OffsetClass::Low;
+                adjust.push(format!("offsets {:?}", d.knobs.offsets));
+                d.knobs.offsets = OffsetClass::Low;
             }
         }
-        let layout = engine::layout_of(d.shuffle16, d.block_size, d.head_dim);
+        let layout = engine::layout_of(d.shuffle16, d.knobs.block_size, d.knobs.head_dim);
         if let Some(e) = &self.engine {
             let max_bytes = caps.iter().filter_map(|c| c.max_kv_bytes).min();
             return engine_recipe(&d, e, layout, rows_per_request, max_bytes, adjust);
@@ -505,7 +496,7 @@ impl Draw {
         let base: Vec<usize> = match &d.lens {
             LensDraw::Each(v) => v
                 .iter()
-                .map(|s| s.resolve(d.next_n, d.block_size, 4096))
+                .map(|s| s.resolve(d.knobs.next_n, d.knobs.block_size, 4096))
                 .collect(),
             LensDraw::AroundAverage { batch, avg, seed } => {
                 let mut rng = super::recipe::rng_for(*seed);
@@ -520,7 +511,7 @@ impl Draw {
             LensDraw::Skewed { short, long } => {
                 let mut v: Vec<usize> = short
                     .iter()
-                    .map(|s| s.resolve(d.next_n, d.block_size, 64))
+                    .map(|s| s.resolve(d.knobs.next_n, d.knobs.block_size, 64))
                     .collect();
                 v.insert(v.len() / 2, *long as usize);
                 v
@@ -528,27 +519,11 @@ impl Draw {
             LensDraw::AllZero { groups } => vec![0; 32 * *groups as usize],
             LensDraw::Explicit(v) => v.iter().map(|&x| x as usize).collect(),
         };
-        let n = d.next_n;
         let lens = causal_lens(&d, base);
         let recipe = Recipe {
-            next_n: n,
-            heads: d.heads,
-            head_dim: d.head_dim,
-            block_size: d.block_size,
+            knobs: d.knobs,
             layout,
-            format: d.format,
             lens,
-            model_len_slack: d.model_len_slack,
-            out_stride_pad: d.out_stride_pad,
-            big_output: d.big_output,
-            table_order: d.table_order,
-            padding: d.padding,
-            surplus_blocks: d.surplus_blocks,
-            table_stride_pad: d.table_stride_pad,
-            kv_stride_pad: d.kv_stride_pad,
-            offsets: d.offsets,
-            values: d.values,
-            seed: d.seed,
         };
         (recipe, adjust)
     }
@@ -558,7 +533,7 @@ impl Draw {
 /// causal lengths `[ctx-N+1 … ctx]` perturbed by `per_token` (all-zero perturbations:
 /// the engine's form).
 fn causal_lens(d: &Draw, base: Vec<usize>) -> LensRecipe {
-    let n = d.next_n;
+    let n = d.knobs.next_n;
     match &d.per_token {
         None => LensRecipe::PerSequence(base),
         Some(p) => LensRecipe::PerToken(
@@ -589,11 +564,11 @@ fn engine_recipe(
     max_bytes: Option<u64>,
     mut adjust: Vec<String>,
 ) -> (Recipe, Vec<String>) {
-    let bs = d.block_size;
+    let bs = d.knobs.block_size;
     let mml = e.max_model_len;
-    let n = d.next_n * rows_per_request; // rows of one request
-    let mut pool = e.pool(bs, d.head_dim, max_bytes);
-    if pool != e.pool(bs, d.head_dim, None) {
+    let n = d.knobs.next_n * rows_per_request; // rows of one request
+    let mut pool = e.pool(bs, d.knobs.head_dim, max_bytes);
+    if pool != e.pool(bs, d.knobs.head_dim, None) {
         adjust.push("pool capped at the kernel's device memory".into());
     }
     let mut lens: Vec<usize> = match &d.lens {
@@ -644,27 +619,21 @@ fn engine_recipe(
         (width - need).min(16)
     };
     let recipe = Recipe {
-        next_n: d.next_n,
-        heads: d.heads,
-        head_dim: d.head_dim,
-        block_size: bs,
-        layout,
-        format: d.format,
-        lens: causal_lens(d, base),
-        model_len_slack: mml - longest,
-        out_stride_pad: match e.platform {
-            engine::Platform::Nvidia => mml.next_multiple_of(256) - mml,
-            engine::Platform::Gfx942 | engine::Platform::Gfx950 => 0,
+        knobs: Knobs {
+            model_len_slack: mml - longest,
+            out_stride_pad: match e.platform {
+                engine::Platform::Nvidia => mml.next_multiple_of(256) - mml,
+                engine::Platform::Gfx942 | engine::Platform::Gfx950 => 0,
+            },
+            big_output: false,
+            surplus_blocks: surplus,
+            table_stride_pad: 0,
+            kv_stride_pad: 0,
+            offsets: OffsetClass::Pool(pool),
+            ..d.knobs.clone()
         },
-        big_output: false,
-        table_order: d.table_order,
-        padding: d.padding,
-        surplus_blocks: surplus,
-        table_stride_pad: 0,
-        kv_stride_pad: 0,
-        offsets: OffsetClass::Pool(pool),
-        values: d.values,
-        seed: d.seed,
+        layout,
+        lens: causal_lens(d, base),
     };
     (recipe, adjust)
 }
