@@ -12,7 +12,7 @@ use super::engine::{self, EngineDraw};
 use super::recipe::{Knobs, LensRecipe, OffsetClass, Padding, Recipe, TableOrder, ValueKind};
 use crate::case::ValueLayout;
 use crate::fp8::Fp8Format;
-use crate::kernel::{BlockSizes, Capabilities};
+use crate::kernel::{Adjustment, Capabilities, Demands};
 use proptest::prelude::*;
 use serde::{Deserialize, Serialize};
 
@@ -417,76 +417,24 @@ impl Draw {
         let mut d = self.clone();
         // An engine runs MTP the kernel does not take natively as one row per token.
         let mut rows_per_request = 1;
-        if d.engine.is_some()
-            && caps
-                .iter()
-                .any(|c| d.knobs.next_n < c.next_n.0 || d.knobs.next_n > c.next_n.1)
-        {
-            rows_per_request = d.knobs.next_n;
+        let n = d.knobs.next_n;
+        if d.engine.is_some() && caps.iter().any(|c| n < c.next_n.0 || n > c.next_n.1) {
+            rows_per_request = n;
             d.knobs.next_n = 1;
         }
         for c in caps {
-            if !c.formats.contains(&d.knobs.format) {
-                adjust.push(format!("format {}", d.knobs.format));
-                d.knobs.format = c.formats[0];
-            }
-            let shuffle_ok = c.layouts.contains(&ValueLayout::Shuffle16);
-            if d.shuffle16 && !shuffle_ok {
-                adjust.push("layout shuffle16".into());
-                d.shuffle16 = false;
-            }
-            if !d.shuffle16 && !c.layouts.contains(&ValueLayout::Normal) {
-                d.shuffle16 = true;
-            }
-            if let BlockSizes::List(v) = &c.block_sizes {
-                if !v.contains(&d.knobs.block_size) {
-                    adjust.push(format!("block_size {}", d.knobs.block_size));
-                    d.knobs.block_size = *v
-                        .iter()
-                        .min_by_key(|&&b| b.abs_diff(d.knobs.block_size))
-                        .unwrap_or(&64);
+            let mut fitted = d.demands();
+            for a in c.fit(&mut fitted) {
+                if !a.drops_a_hazard() {
+                    continue;
                 }
+                adjust.push(match a {
+                    // What the draw gives up is its offset class.
+                    Adjustment::KvBytes { .. } => format!("offsets {:?}", d.knobs.offsets),
+                    a => a.to_string(),
+                });
             }
-            if d.knobs.next_n < c.next_n.0 || d.knobs.next_n > c.next_n.1 {
-                adjust.push(format!("next_n {}", d.knobs.next_n));
-                d.knobs.next_n = d.knobs.next_n.clamp(c.next_n.0, c.next_n.1);
-            }
-            if let Some(h) = &c.heads {
-                if !h.contains(&d.knobs.heads) {
-                    adjust.push(format!("heads {}", d.knobs.heads));
-                    d.knobs.heads = *h
-                        .iter()
-                        .min_by_key(|&&x| x.abs_diff(d.knobs.heads))
-                        .unwrap();
-                }
-            }
-            if let Some(h) = &c.head_dims {
-                if !h.contains(&d.knobs.head_dim) {
-                    adjust.push(format!("head_dim {}", d.knobs.head_dim));
-                    d.knobs.head_dim = *h
-                        .iter()
-                        .min_by_key(|&&x| x.abs_diff(d.knobs.head_dim))
-                        .unwrap();
-                }
-            }
-            if d.per_token.is_some() && !c.lens_2d {
-                adjust.push("2-D context_lens".into());
-                d.per_token = None;
-            }
-            if d.per_token.is_none() && !c.lens_1d {
-                d.per_token = Some(vec![0]);
-            }
-            if d.knobs.values.is_hostile() && !c.hostile_values {
-                adjust.push("hostile values".into());
-                d.knobs.values = ValueKind::Pipeline;
-            }
-            if c.max_kv_bytes.is_some_and(|m| m < (1u64 << 33))
-                && d.knobs.offsets != OffsetClass::Low
-                && d.engine.is_none()
-            {
-                adjust.push(format!("offsets {:?}", d.knobs.offsets));
-                d.knobs.offsets = OffsetClass::Low;
-            }
+            d.take(&fitted);
         }
         let layout = engine::layout_of(d.shuffle16, d.knobs.block_size, d.knobs.head_dim);
         if let Some(e) = &self.engine {
@@ -526,6 +474,57 @@ impl Draw {
             lens,
         };
         (recipe, adjust)
+    }
+}
+
+/// The device cache a dense draw at offsets past 2 GiB is counted as needing: its ids
+/// straddle 2^31 or 2^32 bytes, so the cache stays within 2^33.
+const HIGH_OFFSET_CACHE_BYTES: u64 = 1 << 33;
+
+impl Draw {
+    /// What this draw asks of a kernel. An engine draw asks for no cache size here: its
+    /// pool is sized to the kernels' memory when it is resolved.
+    fn demands(&self) -> Demands {
+        let k = &self.knobs;
+        let high = k.offsets != OffsetClass::Low && self.engine.is_none();
+        Demands {
+            format: k.format,
+            layout: if self.shuffle16 {
+                ValueLayout::Shuffle16
+            } else {
+                ValueLayout::Normal
+            },
+            block_size: k.block_size,
+            next_n: k.next_n,
+            heads: k.heads,
+            head_dim: k.head_dim,
+            lens_2d: self.per_token.is_some(),
+            hostile_values: k.values.is_hostile(),
+            kv_bytes: if high { HIGH_OFFSET_CACHE_BYTES } else { 0 },
+        }
+    }
+
+    /// Takes the demands a kernel fitted ([`Capabilities::fit`]): a dropped hazard
+    /// becomes the plain value (pipeline values, low offsets, 1-D lengths), 2-D lengths
+    /// asked for become the standard causal ones.
+    fn take(&mut self, fitted: &Demands) {
+        let before = self.demands();
+        let k = &mut self.knobs;
+        k.format = fitted.format;
+        k.block_size = fitted.block_size;
+        k.next_n = fitted.next_n;
+        k.heads = fitted.heads;
+        k.head_dim = fitted.head_dim;
+        self.shuffle16 = fitted.layout == ValueLayout::Shuffle16;
+        if fitted.lens_2d != before.lens_2d {
+            self.per_token = fitted.lens_2d.then(|| vec![0]);
+        }
+        if before.hostile_values && !fitted.hostile_values {
+            k.values = ValueKind::Pipeline;
+        }
+        if fitted.kv_bytes < before.kv_bytes {
+            k.offsets = OffsetClass::Low;
+        }
     }
 }
 
