@@ -278,19 +278,12 @@ impl Recipe {
         let max_blocks = used.iter().copied().max().unwrap_or(0) + k.surplus_blocks;
         let max_blocks = max_blocks.max(1);
         let row_stride = max_blocks + k.table_stride_pad;
-        let layout = match k.offsets {
+        let blocks = match k.offsets {
             OffsetClass::Pool(pool) => self.pool_layout(&pool, &used),
             _ => self.dense_layout(&shape, &used, &mut rng),
         };
-        let BlockLayout {
-            logical,
-            n_logical,
-            phys,
-            num_blocks,
-            kv_block_stride,
-            base,
-        } = layout;
-        let phys = |l: usize| phys[l];
+        let (base, n_logical, num_blocks) = (blocks.base, blocks.n_logical, blocks.num_blocks);
+        let phys = |l: usize| blocks.phys[l];
 
         let pad_value = |rng: &mut TestRng| -> i64 {
             match k.padding {
@@ -305,7 +298,7 @@ impl Recipe {
             }
         };
         let mut entries = Vec::with_capacity(batch * row_stride);
-        for row in &logical {
+        for row in &blocks.logical {
             for j in 0..row_stride {
                 entries.push(if j < row.len() {
                     phys(row[j]) as i64
@@ -373,7 +366,7 @@ impl Recipe {
         Case {
             shape,
             num_blocks,
-            kv_block_stride,
+            kv_block_stride: blocks.kv_block_stride,
             context_lens,
             block_table: BlockTable {
                 max_blocks,

@@ -97,6 +97,37 @@ pub struct Draw {
     pub engine: Option<EngineDraw>,
 }
 
+impl Draw {
+    /// A draw of the profiles without an engine model.
+    fn dense(knobs: Knobs, shuffle16: bool, lens: LensDraw, per_token: Option<Vec<i8>>) -> Draw {
+        Draw {
+            knobs,
+            shuffle16,
+            lens,
+            per_token,
+            engine: None,
+        }
+    }
+}
+
+/// The knobs of a drawn shape, every hazard off ([`Knobs::production`]'s).
+fn shaped(
+    next_n: usize,
+    heads: usize,
+    head_dim: usize,
+    block_size: usize,
+    format: Fp8Format,
+    seed: u64,
+) -> Knobs {
+    Knobs {
+        heads,
+        head_dim,
+        block_size,
+        format,
+        ..Knobs::production(next_n, seed)
+    }
+}
+
 fn len_spec(max: u16) -> impl Strategy<Value = LenSpec> {
     let anchor = prop_oneof![
         Just(Anchor::One),
@@ -216,23 +247,15 @@ fn production() -> impl Strategy<Value = Draw> {
             (lens, per_token, slack),
             (order, padding, surplus),
             seed,
-        )| Draw {
-            knobs: Knobs {
-                next_n,
-                heads,
-                head_dim,
-                block_size,
-                format,
+        )| {
+            let knobs = Knobs {
                 model_len_slack: slack,
                 table_order: order,
                 padding,
                 surplus_blocks: surplus,
-                ..Knobs::production(next_n, seed)
-            },
-            shuffle16,
-            lens,
-            per_token,
-            engine: None,
+                ..shaped(next_n, heads, head_dim, block_size, format, seed)
+            };
+            Draw::dense(knobs, shuffle16, lens, per_token)
         },
     )
 }
@@ -357,13 +380,8 @@ fn layout(hostile: bool, k: u64) -> impl Strategy<Value = Draw> {
             (order, padding, surplus, tpad, kvpad),
             values,
             seed,
-        )| Draw {
-            knobs: Knobs {
-                next_n,
-                heads,
-                head_dim,
-                block_size,
-                format,
+        )| {
+            let knobs = Knobs {
                 model_len_slack: slack,
                 out_stride_pad: out_pad,
                 big_output,
@@ -374,12 +392,9 @@ fn layout(hostile: bool, k: u64) -> impl Strategy<Value = Draw> {
                 kv_stride_pad: kvpad,
                 offsets,
                 values,
-                seed,
-            },
-            shuffle16,
-            lens,
-            per_token,
-            engine: None,
+                ..shaped(next_n, heads, head_dim, block_size, format, seed)
+            };
+            Draw::dense(knobs, shuffle16, lens, per_token)
         },
     )
 }
