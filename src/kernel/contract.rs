@@ -434,3 +434,70 @@ impl From<OpenError> for Fatal {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn demands() -> Demands {
+        Demands {
+            format: Fp8Format::E4m3fnuz,
+            layout: ValueLayout::Shuffle16,
+            block_size: 20,
+            next_n: 5,
+            heads: 40,
+            head_dim: 64,
+            lens_2d: true,
+            hostile_values: true,
+            kv_bytes: 1 << 33,
+        }
+    }
+
+    #[test]
+    fn fit_moves_every_demand_to_the_nearest_the_kernel_takes() {
+        let everything = Capabilities::everything(ScalePlacement::AfterReluSum);
+        let mut d = demands();
+        assert_eq!(everything.fit(&mut d), vec![], "a demand that fits stays");
+        assert_eq!(d, demands());
+        let narrow = Capabilities {
+            formats: vec![Fp8Format::E4m3fn],
+            layouts: vec![ValueLayout::Normal],
+            block_sizes: BlockSizes::List(vec![16, 64]),
+            next_n: (1, 2),
+            heads: Some(vec![32, 64]),
+            head_dims: Some(vec![128]),
+            lens_2d: false,
+            hostile_values: false,
+            max_kv_bytes: Some(1 << 32),
+            ..everything
+        };
+        let changed = narrow.fit(&mut d);
+        let words: Vec<String> = changed.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            words,
+            [
+                "format e4m3fnuz",
+                "layout shuffle16",
+                "block_size 20",
+                "next_n 5",
+                "heads 40",
+                "head_dim 64",
+                "2-D context_lens",
+                "hostile values",
+                "kv cache of 8589934592 bytes > 4294967296",
+            ]
+        );
+        let fitted = (d.block_size, d.next_n, d.heads, d.head_dim, d.lens_2d);
+        assert_eq!(fitted, (16, 2, 32, 128, false));
+        assert_eq!(narrow.fit(&mut d), vec![], "a fitted demand fits");
+        assert!(changed.iter().all(|a| a.drops_a_hazard()));
+        // Moving to the only layout a kernel takes drops nothing.
+        let shuffle_only = Capabilities {
+            layouts: vec![ValueLayout::Shuffle16],
+            ..narrow
+        };
+        let changed = shuffle_only.fit(&mut d);
+        assert_eq!(changed, vec![Adjustment::Layout(ValueLayout::Normal)]);
+        assert!(!changed[0].drops_a_hazard());
+    }
+}
