@@ -7,29 +7,21 @@
 
 use mqa_fuzz::case::{save_case_file, CaseFile, Provenance, ValueLayout};
 use mqa_fuzz::fp8::Fp8Format;
-use mqa_fuzz::generate::{LensRecipe, OffsetClass, Padding, Recipe, TableOrder, ValueKind};
+use mqa_fuzz::generate::{Knobs, LensRecipe, OffsetClass, Padding, Recipe, TableOrder, ValueKind};
 use std::path::PathBuf;
 
 fn base(lens: Vec<usize>, next_n: usize, seed: u64) -> Recipe {
     Recipe {
-        next_n,
-        heads: 4,
-        head_dim: 32,
-        block_size: 16,
+        knobs: Knobs {
+            heads: 4,
+            head_dim: 32,
+            block_size: 16,
+            model_len_slack: 3,
+            table_order: TableOrder::Sequential,
+            ..Knobs::production(next_n, seed)
+        },
         layout: ValueLayout::Normal,
-        format: Fp8Format::E4m3fn,
         lens: LensRecipe::PerSequence(lens),
-        model_len_slack: 3,
-        out_stride_pad: 0,
-        big_output: false,
-        table_order: TableOrder::Sequential,
-        padding: Padding::Zero,
-        surplus_blocks: 0,
-        table_stride_pad: 0,
-        kv_stride_pad: 0,
-        offsets: OffsetClass::Low,
-        values: ValueKind::Pipeline,
-        seed,
     }
 }
 
@@ -40,8 +32,8 @@ fn seeds() -> Vec<(&'static str, &'static str, Recipe)> {
     v.push(("zero-length-rows", "context length 0 in the leading, a middle and the trailing sequence (their rows have empty V(r)), next to a 300-token sequence whose last chunk is partial", r));
 
     let mut r = base(vec![256, 100], 1, 2);
-    r.model_len_slack = 0;
-    r.out_stride_pad = 0;
+    r.knobs.model_len_slack = 0;
+    r.knobs.out_stride_pad = 0;
     v.push(("ctx-equals-max-model-len", "ctx == max_model_len == 256 == one full chunk, output row stride == max_model_len: any store past the row lands in the next row", r));
 
     let r = base(vec![2, 1, 0, 3, 40], 3, 3);
@@ -49,12 +41,12 @@ fn seeds() -> Vec<(&'static str, &'static str, Recipe)> {
 
     let mut r = base(vec![48, 17], 2, 4);
     r.layout = ValueLayout::Shuffle16;
-    r.head_dim = 64;
+    r.knobs.head_dim = 64;
     v.push(("shuffle16-bs16", "AMD preshuffle value layout with block size 16 and head_dim 64 (16x16 tiles), partial last block", r));
 
     let mut r = base(vec![70, 33], 1, 5);
-    r.format = Fp8Format::E4m3fnuz;
-    r.values = ValueKind::Extreme;
+    r.knobs.format = Fp8Format::E4m3fnuz;
+    r.knobs.values = ValueKind::Extreme;
     v.push(("e4m3fnuz-extreme", "e4m3fnuz (MI300: bias 8, max 240, NaN only 0x80) with extreme codes: +-max, subnormals, zeros", r));
 
     let mut r = base(vec![], 2, 6);
@@ -62,13 +54,13 @@ fn seeds() -> Vec<(&'static str, &'static str, Recipe)> {
     v.push(("lens-2d", "2-D per-token context lengths [B, N], not causal (a kernel that reads one length per sequence gets them wrong)", r));
 
     let mut r = base(vec![40, 25], 1, 7);
-    r.offsets = OffsetClass::Around4G;
-    r.kv_stride_pad = 148; // 16*(32+4) + 148 = 724 bytes, not a power of two
+    r.knobs.offsets = OffsetClass::Around4G;
+    r.knobs.kv_stride_pad = 148; // 16*(32+4) + 148 = 724 bytes, not a power of two
     v.push(("block-offsets-past-4g", "block ids whose byte offset id*kv_block_stride straddles 2^32 with a padded stride (not a power of two): the device cache is over 4 GiB, the file holds only the referenced blocks", r));
 
     let mut r = base(vec![5, 1, 9], 2, 8);
-    r.block_size = 1;
-    r.table_order = TableOrder::Reversed;
+    r.knobs.block_size = 1;
+    r.knobs.table_order = TableOrder::Reversed;
     v.push((
         "block-size-1",
         "block size 1: one table entry per token, blocks allocated top-down",
@@ -76,11 +68,11 @@ fn seeds() -> Vec<(&'static str, &'static str, Recipe)> {
     ));
 
     let mut r = base(vec![33, 70, 16], 1, 9);
-    r.table_order = TableOrder::Permuted;
-    r.padding = Padding::MinusOne;
-    r.surplus_blocks = 2;
-    r.table_stride_pad = 3;
-    r.out_stride_pad = 5;
+    r.knobs.table_order = TableOrder::Permuted;
+    r.knobs.padding = Padding::MinusOne;
+    r.knobs.surplus_blocks = 2;
+    r.knobs.table_stride_pad = 3;
+    r.knobs.out_stride_pad = 5;
     v.push(("permuted-table-minus-one-padding", "permuted block table padded with -1 (past the used blocks and in the row-stride padding), max_blocks larger than needed, padded output rows", r));
 
     let r = base(vec![0; 32], 1, 10);
@@ -101,7 +93,7 @@ fn main() {
             provenance: Provenance {
                 tool_version: env!("CARGO_PKG_VERSION").into(),
                 kernel: "hand-made".into(),
-                seed: Some(recipe.seed),
+                seed: Some(recipe.knobs.seed),
                 note: Some(note.into()),
                 recipe: Some(serde_json::to_value(&recipe).expect("recipe serializes")),
                 ..Default::default()

@@ -57,7 +57,7 @@ fn with_odd_weights(mut c: Case) -> Case {
 fn inline_round_trip_is_bit_exact() {
     let dir = tempfile::tempdir().unwrap();
     let mut r = recipe(vec![17, 0, 5], 2);
-    r.values = ValueKind::Hostile;
+    r.knobs.values = ValueKind::Hostile;
     let case = with_odd_weights(r.materialize());
     let file = CaseFile {
         provenance: provenance("inline"),
@@ -92,10 +92,10 @@ fn inline_round_trip_2d_lens_shuffle16_fnuz_sparse_4g() {
     let mut r = recipe(vec![], 3);
     r.lens = LensRecipe::PerToken(vec![vec![0, 33, 2], vec![64, 1, 0]]);
     r.layout = ValueLayout::Shuffle16;
-    r.block_size = 16;
-    r.format = Fp8Format::E4m3fnuz;
-    r.offsets = OffsetClass::Around4G;
-    r.kv_stride_pad = 4000;
+    r.knobs.block_size = 16;
+    r.knobs.format = Fp8Format::E4m3fnuz;
+    r.knobs.offsets = OffsetClass::Around4G;
+    r.knobs.kv_stride_pad = 4000;
     let case = r.materialize();
     assert!(case.kv_cache_bytes() > 1 << 32);
     let file = CaseFile {
@@ -112,9 +112,9 @@ fn inline_round_trip_2d_lens_shuffle16_fnuz_sparse_4g() {
 /// A case whose tensors exceed the inline limit.
 fn large_case() -> Case {
     let mut r = recipe(vec![300, 129], 2);
-    r.heads = 64;
-    r.head_dim = 128;
-    r.block_size = 64;
+    r.knobs.heads = 64;
+    r.knobs.head_dim = 128;
+    r.knobs.block_size = 64;
     with_odd_weights(r.materialize())
 }
 

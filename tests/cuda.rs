@@ -46,10 +46,7 @@ fn gpu() -> Result<usize, String> {
 }
 
 fn recipe(lens: Vec<usize>, next_n: usize) -> Recipe {
-    Recipe {
-        heads: 32,
-        ..Recipe::small(lens, next_n, 5)
-    }
+    Recipe::small(lens, next_n, 5).with(|k| k.heads = 32)
 }
 
 fn kernels_lists_every_cuda_kernel_with_its_availability() -> Ran {

@@ -64,23 +64,23 @@ fn clean_cases() -> Vec<Case> {
     v.push(recipe(vec![300, 0, 17, 512], 2).materialize());
     let mut r = recipe(vec![40, 33], 3);
     r.layout = ValueLayout::Shuffle16;
-    r.format = Fp8Format::E4m3fnuz;
-    r.head_dim = 32;
+    r.knobs.format = Fp8Format::E4m3fnuz;
+    r.knobs.head_dim = 32;
     v.push(r.materialize());
     let mut r = recipe(vec![], 2);
     r.lens = LensRecipe::PerToken(vec![vec![5, 70], vec![0, 1], vec![64, 64]]);
-    r.block_size = 1;
-    r.padding = Padding::Huge;
+    r.knobs.block_size = 1;
+    r.knobs.padding = Padding::Huge;
     v.push(r.materialize());
     let mut r = recipe(vec![700, 129], 1);
-    r.block_size = 64;
-    r.offsets = OffsetClass::Around4G;
-    r.table_order = TableOrder::Reversed;
-    r.values = ValueKind::UniformCodes;
+    r.knobs.block_size = 64;
+    r.knobs.offsets = OffsetClass::Around4G;
+    r.knobs.table_order = TableOrder::Reversed;
+    r.knobs.values = ValueKind::UniformCodes;
     v.push(r.materialize());
     let mut r = recipe(vec![260, 3], 2);
-    r.values = ValueKind::Hostile;
-    r.seed = 11;
+    r.knobs.values = ValueKind::Hostile;
+    r.knobs.seed = 11;
     v.push(r.materialize());
     v
 }
@@ -117,19 +117,17 @@ fn numpy_adapter_is_clean_and_agrees_with_cpu_chunked() {
 fn case_for(plant: &str) -> Case {
     let r = match plant {
         "tail-unwritten" => recipe(vec![300, 0, 17, 512], 2),
-        "offset32-kv" => Recipe {
-            offsets: OffsetClass::Around4G,
-            block_size: 64,
-            ..recipe(vec![700, 300], 1)
-        },
+        "offset32-kv" => recipe(vec![700, 300], 1).with(|k| {
+            k.offsets = OffsetClass::Around4G;
+            k.block_size = 64;
+        }),
         // The sequence ends past byte 2^31 of the output.
-        "offset32-out" => Recipe {
-            big_output: true,
-            model_len_slack: 0,
-            block_size: 256,
-            head_dim: 32,
-            ..recipe(vec![1 << 20], 1)
-        },
+        "offset32-out" => recipe(vec![1 << 20], 1).with(|k| {
+            k.big_output = true;
+            k.model_len_slack = 0;
+            k.block_size = 256;
+            k.head_dim = 32;
+        }),
         "mask-off-by-one" => recipe(vec![300, 40], 2),
         "ctx2d-ignored" => Recipe {
             lens: LensRecipe::PerToken(vec![vec![10, 300], vec![5, 6]]),
@@ -137,21 +135,14 @@ fn case_for(plant: &str) -> Case {
         },
         "table-padding-read" => recipe(vec![40, 3], 1),
         "zero-batch" => recipe(vec![0; 32], 1),
-        "fnuz-as-fn" => Recipe {
-            format: Fp8Format::E4m3fnuz,
-            ..recipe(vec![100, 7], 1)
-        },
-        "scale-before-relu" => Recipe {
-            values: ValueKind::Hostile,
-            seed: 1,
-            ..recipe(vec![600, 500], 1)
-        },
+        "fnuz-as-fn" => recipe(vec![100, 7], 1).with(|k| k.format = Fp8Format::E4m3fnuz),
+        "scale-before-relu" => recipe(vec![600, 500], 1).with(|k| {
+            k.values = ValueKind::Hostile;
+            k.seed = 1;
+        }),
         "split-boundary-drop" => recipe(vec![3000, 2000], 1),
         "short-row-skipped" => recipe(vec![1, 300], 2),
-        "store-past-end" => Recipe {
-            model_len_slack: 0,
-            ..recipe(vec![300, 0, 17, 290], 2)
-        },
+        "store-past-end" => recipe(vec![300, 0, 17, 290], 2).with(|k| k.model_len_slack = 0),
         other => panic!("no case for {other}"),
     };
     r.materialize()
@@ -285,14 +276,13 @@ fn dg_case(lens: Vec<usize>, next_n: usize) -> Case {
 }
 
 fn dg_recipe(lens: Vec<usize>, next_n: usize) -> Recipe {
-    Recipe {
-        heads: 32,
-        head_dim: 64,
-        block_size: 64,
+    recipe(lens, next_n).with(|k| {
+        k.heads = 32;
+        k.head_dim = 64;
+        k.block_size = 64;
         // DeepGEMM's TMA descriptors need a 16-byte aligned block stride.
-        kv_stride_pad: 16,
-        ..recipe(lens, next_n)
-    }
+        k.kv_stride_pad = 16;
+    })
 }
 
 #[test]
@@ -317,11 +307,9 @@ fn deepgemm_adapter_against_a_fake_deep_gemm() {
     let v = judge_once(k.as_ref(), &recipe(vec![30], 1).materialize());
     assert!(v.skipped.is_some());
     // A padded stride DeepGEMM asserts on: skipped by the adapter, with its reason.
-    let unaligned = Recipe {
-        kv_stride_pad: 8,
-        ..dg_recipe(vec![100], 1)
-    }
-    .materialize();
+    let unaligned = dg_recipe(vec![100], 1)
+        .with(|k| k.kv_stride_pad = 8)
+        .materialize();
     assert_ne!(unaligned.kv_block_stride % 16, 0);
     let v = judge_once(k.as_ref(), &unaligned);
     assert!(
@@ -342,12 +330,13 @@ fn deepgemm_adapter_against_a_fake_deep_gemm() {
 
 fn aiter_case(layout: ValueLayout, block_size: usize) -> Case {
     Recipe {
-        heads: 32,
-        head_dim: 64,
-        block_size,
         layout,
-        format: Fp8Format::E4m3fnuz,
-        ..recipe(vec![300, 0, 17, 129], 2)
+        ..recipe(vec![300, 0, 17, 129], 2).with(|k| {
+            k.heads = 32;
+            k.head_dim = 64;
+            k.block_size = block_size;
+            k.format = Fp8Format::E4m3fnuz;
+        })
     }
     .materialize()
 }

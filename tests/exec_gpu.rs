@@ -27,16 +27,15 @@ fn main() {
 }
 
 fn base(lens: Vec<usize>, next_n: usize, seed: u64) -> Recipe {
-    Recipe {
-        heads: 64,
-        head_dim: 128,
-        block_size: 64,
-        model_len_slack: 7,
-        out_stride_pad: 0,
-        table_stride_pad: 3,
-        kv_stride_pad: 16,
-        ..Recipe::small(lens, next_n, seed)
-    }
+    Recipe::small(lens, next_n, seed).with(|k| {
+        k.heads = 64;
+        k.head_dim = 128;
+        k.block_size = 64;
+        k.model_len_slack = 7;
+        k.out_stride_pad = 0;
+        k.table_stride_pad = 3;
+        k.kv_stride_pad = 16;
+    })
 }
 
 /// Lengths around `mean` ± `spread` (deterministic).
@@ -75,36 +74,30 @@ fn cases(big: bool) -> Vec<(&'static str, Case)> {
         ),
         (
             "cache ids past 2 GiB",
-            Recipe {
-                offsets: OffsetClass::Around2G,
-                ..base(vec![3000, 2000], 2, 4)
-            }
-            .materialize(),
+            base(vec![3000, 2000], 2, 4)
+                .with(|k| k.offsets = OffsetClass::Around2G)
+                .materialize(),
         ),
         (
             "cache ids past 4 GiB, stride pad 4 KiB",
-            Recipe {
-                offsets: OffsetClass::Around4G,
-                kv_stride_pad: 4096,
-                ..base(vec![3000, 2000, 7], 2, 5)
-            }
-            .materialize(),
+            base(vec![3000, 2000, 7], 2, 5)
+                .with(|k| {
+                    k.offsets = OffsetClass::Around4G;
+                    k.kv_stride_pad = 4096;
+                })
+                .materialize(),
         ),
         (
             "hostile values",
-            Recipe {
-                values: ValueKind::Hostile,
-                ..base(vec![900, 300], 2, 6)
-            }
-            .materialize(),
+            base(vec![900, 300], 2, 6)
+                .with(|k| k.values = ValueKind::Hostile)
+                .materialize(),
         ),
         (
             "relu boundary",
-            Recipe {
-                values: ValueKind::ReluBoundary,
-                ..base(vec![900, 300], 1, 7)
-            }
-            .materialize(),
+            base(vec![900, 300], 1, 7)
+                .with(|k| k.values = ValueKind::ReluBoundary)
+                .materialize(),
         ),
         ("all-zero batch B=32", base(vec![0; 32], 1, 8).materialize()),
         (
@@ -115,12 +108,12 @@ fn cases(big: bool) -> Vec<(&'static str, Case)> {
     if big {
         v.push((
             "output past 2 GiB (max_model_len 2^20)",
-            Recipe {
-                big_output: true,
-                model_len_slack: 0,
-                ..base(vec![1 << 20], 1, 10)
-            }
-            .materialize(),
+            base(vec![1 << 20], 1, 10)
+                .with(|k| {
+                    k.big_output = true;
+                    k.model_len_slack = 0;
+                })
+                .materialize(),
         ));
     }
     v

@@ -78,7 +78,7 @@ fn planted_bugs_are_caught_through_the_protocol() {
     // A write past the end of a full row lands in the row padding or the trailing
     // guard: the whole guarded buffer travels, so the oob check still works.
     let mut r = Recipe::small(vec![300, 0, 17, 290], 2, 7);
-    r.model_len_slack = 0;
+    r.knobs.model_len_slack = 0;
     let case = r.materialize();
     assert!(judge_once(
         kernel::open("cpu:bug-store-past-end").unwrap().as_ref(),

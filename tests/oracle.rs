@@ -459,10 +459,10 @@ fn any_f32_summation_order_is_within_the_bound() {
     ] {
         for seed in 0..2 {
             let mut r = recipe(vec![70, 33], 2);
-            r.heads = 32;
-            r.head_dim = 128;
-            r.values = kind;
-            r.seed = seed;
+            r.knobs.heads = 32;
+            r.knobs.head_dim = 128;
+            r.knobs.values = kind;
+            r.knobs.seed = seed;
             let mut f = fixture(r.materialize());
             for backward in [false, true] {
                 f32_kernel_output(&mut f, backward);

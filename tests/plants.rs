@@ -36,8 +36,8 @@ fn tail_unwritten() {
 #[test]
 fn offset32_kv() {
     let mut r = recipe(vec![40, 70, 33], 1);
-    r.offsets = OffsetClass::Around4G;
-    r.kv_stride_pad = 1000; // padded stride: offsets are not a multiple of the block
+    r.knobs.offsets = OffsetClass::Around4G;
+    r.knobs.kv_stride_pad = 1000; // padded stride: offsets are not a multiple of the block
     let case = r.materialize();
     let stride = case.kv_block_stride;
     let ids: Vec<u64> = case.kv.blocks.keys().copied().collect();
@@ -60,9 +60,9 @@ fn offset32_kv() {
 #[test]
 fn offset32_out() {
     let mut r = recipe(vec![20, 9], 1);
-    r.big_output = true;
+    r.knobs.big_output = true;
     // Wide rows keep the number of padding rows (and the recipe's work) small.
-    r.model_len_slack = (1 << 20) - 20;
+    r.knobs.model_len_slack = (1 << 20) - 20;
     let case = r.materialize();
     assert!(
         case.output_bytes() > 1 << 31,
@@ -99,7 +99,7 @@ fn table_padding_read() {
     // 17 tokens in blocks of 16: the last chunk covers table entry 2, which is -1.
     for padding in [Padding::MinusOne, Padding::Huge] {
         let mut r = recipe(vec![17, 33], 1);
-        r.padding = padding;
+        r.knobs.padding = padding;
         caught(Plant::TablePaddingRead, &r.materialize(), Class::Crash);
     }
 }
@@ -108,7 +108,7 @@ fn table_padding_read() {
 fn table_padding_read_is_harmless_with_zero_padding() {
     // Padding 0 names a real block: the read is masked and nothing shows, as on a GPU.
     let mut r = recipe(vec![17, 33], 1);
-    r.padding = Padding::Zero;
+    r.knobs.padding = Padding::Zero;
     let v = judge("cpu:bug-table-padding-read", &r.materialize());
     assert!(v.is_clean(), "{:?}", v.classes);
 }
@@ -126,7 +126,7 @@ fn zero_batch() {
 #[test]
 fn fnuz_as_fn() {
     let mut r = recipe(vec![40, 9], 1);
-    r.format = Fp8Format::E4m3fnuz;
+    r.knobs.format = Fp8Format::E4m3fnuz;
     caught(Plant::FnuzAsFn, &r.materialize(), Class::Mismatch);
     // On e4m3fn data the swap is a no-op.
     let v = judge("cpu:bug-fnuz-as-fn", &recipe(vec![40, 9], 1).materialize());
@@ -171,7 +171,7 @@ fn composed_plants_each_fail_through_their_own_mechanism() {
     assert!(judge("cpu:bug-offset32-kv", &case).is_clean());
     // The offset bug's case (past 4 GiB, positive scales).
     let mut r = recipe(vec![40, 70, 33], 1);
-    r.offsets = OffsetClass::Around4G;
+    r.knobs.offsets = OffsetClass::Around4G;
     let case = r.materialize();
     assert!(judge(name, &case).classes.contains_key(&Class::Nan));
     assert!(judge("cpu:bug-scale-before-relu", &case).is_clean());
@@ -185,7 +185,7 @@ fn split_boundary_drop() {
     // One sequence of 10 chunks over 8 workers: ranges of 2 chunks, the second worker
     // starts at chunk 2 of the same sequence and drops it.
     let mut r = recipe(vec![256 * 9 + 5], 1);
-    r.block_size = 64;
+    r.knobs.block_size = 64;
     caught(Plant::SplitBoundaryDrop, &r.materialize(), Class::Unwritten);
 }
 
@@ -202,7 +202,7 @@ fn store_past_end() {
     // ctx == max_model_len, rows padded to a larger stride: position max_model_len
     // lands in the padding.
     let mut r = recipe(vec![100, 60], 1);
-    r.model_len_slack = 0;
+    r.knobs.model_len_slack = 0;
     let case = r.materialize();
     assert_eq!(case.max_model_len, 100);
     caught(Plant::StorePastEnd, &case, Class::OobWrite);
@@ -243,10 +243,10 @@ fn good_kernels_are_clean_on_hostile_values() {
     let mut undefined = 0;
     for seed in 0..40 {
         let mut r = recipe(vec![40, 3, 70], 2);
-        r.values = ValueKind::Hostile;
-        r.seed = seed;
+        r.knobs.values = ValueKind::Hostile;
+        r.knobs.seed = seed;
         if seed % 2 == 1 {
-            r.format = Fp8Format::E4m3fnuz;
+            r.knobs.format = Fp8Format::E4m3fnuz;
         }
         let case = r.materialize();
         assert_clean_on_good_kernels(&case);

@@ -74,9 +74,9 @@ fn production_cases_are_what_an_engine_feeds() {
         let e = engine(&d);
         c.validate().unwrap_or_else(|err| panic!("case {k}: {err}"));
         assert_eq!((c.shape.heads, c.shape.head_dim), (64, 128));
-        assert_eq!(r.values, ValueKind::Pipeline);
-        assert!(matches!(r.padding, Padding::Zero | Padding::Stale));
-        let OffsetClass::Pool(pool) = r.offsets else {
+        assert_eq!(r.knobs.values, ValueKind::Pipeline);
+        assert!(matches!(r.knobs.padding, Padding::Zero | Padding::Stale));
+        let OffsetClass::Pool(pool) = r.knobs.offsets else {
             panic!("case {k}: not a pool recipe")
         };
         assert_eq!(c.num_blocks, pool.blocks);
@@ -163,15 +163,15 @@ fn scale_shrinks_contexts_only() {
     for k in 0..60 {
         let (r1, _) = draw(k, 1.0).resolve(&[&caps]);
         let (r64, _) = draw(k, 1.0 / 64.0).resolve(&[&caps]);
-        assert_eq!(r1.offsets, r64.offsets, "case {k}: same pool");
+        assert_eq!(r1.knobs.offsets, r64.knobs.offsets, "case {k}: same pool");
         assert_eq!(r1.batch(), r64.batch(), "case {k}: same batch");
         assert_eq!(
-            (r1.next_n, r1.block_size, r1.layout),
-            (r64.next_n, r64.block_size, r64.layout)
+            (r1.knobs.next_n, r1.knobs.block_size, r1.layout),
+            (r64.knobs.next_n, r64.knobs.block_size, r64.layout)
         );
         assert_eq!(
-            longest(&r1) + r1.model_len_slack,
-            longest(&r64) + r64.model_len_slack,
+            longest(&r1) + r1.knobs.model_len_slack,
+            longest(&r64) + r64.knobs.model_len_slack,
             "case {k}: same max_model_len (workspace)"
         );
         assert!(tokens(&r64) <= tokens(&r1));
@@ -195,15 +195,15 @@ fn a_kernel_with_fewer_next_n_gets_flattened_mtp_and_a_pool_within_its_memory() 
             caps.rejects(&c)
         );
         assert!(c.kv_cache_bytes() <= 80 << 30);
-        let OffsetClass::Pool(pool) = r.offsets else {
+        let OffsetClass::Pool(pool) = r.knobs.offsets else {
             panic!()
         };
-        if d.next_n > 2 {
+        if d.knobs.next_n > 2 {
             flattened += 1;
-            assert_eq!(pool.rows_per_request as usize, d.next_n);
+            assert_eq!(pool.rows_per_request as usize, d.knobs.next_n);
             assert_eq!(c.shape.next_n, 1);
             // The rows of one request read the same blocks.
-            let g = d.next_n;
+            let g = d.knobs.next_n;
             let row = |b: usize| {
                 &c.block_table.entries[b * c.block_table.row_stride..][..c.blocks_used(b)]
             };

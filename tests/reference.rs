@@ -150,33 +150,33 @@ fn reference_matches_naive_on_generated_cases() {
     type Edit = Box<dyn Fn(&mut mqa_fuzz::generate::Recipe)>;
     let variants: Vec<Edit> = vec![
         Box::new(|_| {}),
-        Box::new(|r| r.format = Fp8Format::E4m3fnuz),
+        Box::new(|r| r.knobs.format = Fp8Format::E4m3fnuz),
         Box::new(|r| {
             r.layout = ValueLayout::Shuffle16;
-            r.block_size = 32;
+            r.knobs.block_size = 32;
         }),
         Box::new(|r| {
             r.lens = LensRecipe::PerToken(vec![vec![5, 19, 0], vec![33, 1, 33]]);
-            r.next_n = 3;
+            r.knobs.next_n = 3;
         }),
-        Box::new(|r| r.values = ValueKind::Extreme),
-        Box::new(|r| r.values = ValueKind::UniformCodes),
-        Box::new(|r| r.values = ValueKind::ReluBoundary),
-        Box::new(|r| r.values = ValueKind::AllNegative),
+        Box::new(|r| r.knobs.values = ValueKind::Extreme),
+        Box::new(|r| r.knobs.values = ValueKind::UniformCodes),
+        Box::new(|r| r.knobs.values = ValueKind::ReluBoundary),
+        Box::new(|r| r.knobs.values = ValueKind::AllNegative),
         Box::new(|r| {
-            r.values = ValueKind::Hostile;
-            r.format = Fp8Format::E4m3fnuz;
+            r.knobs.values = ValueKind::Hostile;
+            r.knobs.format = Fp8Format::E4m3fnuz;
         }),
-        Box::new(|r| r.values = ValueKind::Hostile),
+        Box::new(|r| r.knobs.values = ValueKind::Hostile),
         Box::new(|r| {
-            r.block_size = 1;
-            r.head_dim = 128;
+            r.knobs.block_size = 1;
+            r.knobs.head_dim = 128;
         }),
     ];
     for (k, edit) in variants.iter().enumerate() {
         for seed in 0..3 {
             let mut r = recipe(vec![37, 0, 70], 2);
-            r.seed = seed * 100 + k as u64;
+            r.knobs.seed = seed * 100 + k as u64;
             edit(&mut r);
             total += check_against_naive(&r.materialize());
         }

@@ -6,7 +6,7 @@
 
 use mqa_fuzz::case::Case;
 use mqa_fuzz::generate::recipe::{
-    rng_for, LensRecipe, OffsetClass, Padding, Recipe, TableOrder, ValueKind,
+    rng_for, Knobs, LensRecipe, OffsetClass, Padding, Recipe, TableOrder, ValueKind,
 };
 use mqa_fuzz::reference::{self, Backend, PositionSet, Reference, RowSelection};
 use mqa_fuzz::{Fp8Format, ScalePlacement, ValueLayout};
@@ -86,34 +86,36 @@ fn random_recipe(seed: u64) -> Recipe {
     };
     let values = ValueKind::ALL[rng.random_range(0..ValueKind::ALL.len())];
     Recipe {
-        next_n,
-        heads,
-        head_dim,
-        block_size,
+        knobs: Knobs {
+            next_n,
+            heads,
+            head_dim,
+            block_size,
+            format: Fp8Format::ALL[rng.random_range(0..2)],
+            model_len_slack: rng.random_range(0..3),
+            out_stride_pad: 0,
+            big_output: false,
+            table_order: [
+                TableOrder::Sequential,
+                TableOrder::Permuted,
+                TableOrder::Reversed,
+                TableOrder::SharedPrefix,
+            ][rng.random_range(0..4)],
+            padding: [
+                Padding::Zero,
+                Padding::MinusOne,
+                Padding::Huge,
+                Padding::Garbage,
+            ][rng.random_range(0..4)],
+            surplus_blocks: rng.random_range(0..2),
+            table_stride_pad: rng.random_range(0..2),
+            kv_stride_pad: 4 * rng.random_range(0..2),
+            offsets: OffsetClass::Low,
+            values,
+            seed,
+        },
         layout,
-        format: Fp8Format::ALL[rng.random_range(0..2)],
         lens,
-        model_len_slack: rng.random_range(0..3),
-        out_stride_pad: 0,
-        big_output: false,
-        table_order: [
-            TableOrder::Sequential,
-            TableOrder::Permuted,
-            TableOrder::Reversed,
-            TableOrder::SharedPrefix,
-        ][rng.random_range(0..4)],
-        padding: [
-            Padding::Zero,
-            Padding::MinusOne,
-            Padding::Huge,
-            Padding::Garbage,
-        ][rng.random_range(0..4)],
-        surplus_blocks: rng.random_range(0..2),
-        table_stride_pad: rng.random_range(0..2),
-        kv_stride_pad: 4 * rng.random_range(0..2),
-        offsets: OffsetClass::Low,
-        values,
-        seed,
     }
 }
 
@@ -148,7 +150,9 @@ fn fast_reference_is_bit_identical_to_simple() {
         let case = recipe.materialize();
         case.validate()
             .unwrap_or_else(|e| panic!("seed {seed}: recipe gave an invalid case: {e}"));
-        *kinds.entry(format!("{:?}", recipe.values)).or_insert(0) += 1;
+        *kinds
+            .entry(format!("{:?}", recipe.knobs.values))
+            .or_insert(0) += 1;
         for placement in [ScalePlacement::AfterReluSum, ScalePlacement::InsideRelu] {
             let what = format!("seed {seed} {placement:?} {recipe:?}");
             let sels = [
@@ -183,9 +187,9 @@ fn fast_reference_is_bit_identical_to_simple() {
 fn fast_reference_matches_element_on_long_rows() {
     let mut recipe = random_recipe(7);
     recipe.lens = LensRecipe::PerSequence(vec![3000, 1]);
-    recipe.next_n = 2;
-    recipe.heads = 6;
-    recipe.values = ValueKind::Pipeline;
+    recipe.knobs.next_n = 2;
+    recipe.knobs.heads = 6;
+    recipe.knobs.values = ValueKind::Pipeline;
     let case = recipe.materialize();
     for placement in [ScalePlacement::AfterReluSum, ScalePlacement::InsideRelu] {
         let fast = reference::compute(&case, placement, &RowSelection::All);
@@ -214,8 +218,8 @@ fn fast_reference_matches_element_on_long_rows() {
 fn one_long_sequence_is_split_over_tokens() {
     let mut recipe = random_recipe(11);
     recipe.lens = LensRecipe::PerSequence(vec![20_000]);
-    recipe.next_n = 1;
-    recipe.values = ValueKind::Pipeline;
+    recipe.knobs.next_n = 1;
+    recipe.knobs.values = ValueKind::Pipeline;
     let case = recipe.materialize();
     assert_eq!(case.rows(), 1);
     let tasks = reference::fast::task_count(&case, &RowSelection::All);

@@ -179,7 +179,7 @@ fn mismatch_findings_land_beyond_the_bound_in_the_histogram() {
     // e4m3fnuz data decoded with the e4m3fn table: every nonzero value doubled.
     let report =
         support::campaign_with("cpu:bug-fnuz-as-fn", "production", &[1, 2, 3], None, |r| {
-            r.format = mqa_fuzz::fp8::Fp8Format::E4m3fnuz
+            r.knobs.format = mqa_fuzz::fp8::Fp8Format::E4m3fnuz
         });
     let f = report
         .findings
@@ -492,9 +492,9 @@ fn report_subcommand_rerenders_from_report_json() {
 fn picture_cost() {
     use mqa_fuzz::harness::{run_and_judge, ReferenceCache};
     let mut r = Recipe::small(vec![16384, 9000, 12000, 16000], 2, 9);
-    r.heads = 64;
-    r.head_dim = 128;
-    r.block_size = 64;
+    r.knobs.heads = 64;
+    r.knobs.head_dim = 128;
+    r.knobs.block_size = 64;
     let case = r.materialize();
     let k = mqa_fuzz::kernel::open("cpu:bug-tail-unwritten").unwrap();
     let mut refs = ReferenceCache::new(&case);

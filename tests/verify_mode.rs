@@ -10,15 +10,15 @@ use mqa_fuzz::reference::{
 use mqa_fuzz::{Case, ScalePlacement};
 
 fn case(lens: Vec<usize>, next_n: usize, block_size: usize) -> Case {
-    Recipe {
-        head_dim: 32,
-        block_size,
-        padding: Padding::Zero,
-        table_stride_pad: 0,
-        kv_stride_pad: 0,
-        ..Recipe::small(lens, next_n, 42)
-    }
-    .materialize()
+    Recipe::small(lens, next_n, 42)
+        .with(|k| {
+            k.head_dim = 32;
+            k.block_size = block_size;
+            k.padding = Padding::Zero;
+            k.table_stride_pad = 0;
+            k.kv_stride_pad = 0;
+        })
+        .materialize()
 }
 
 #[test]

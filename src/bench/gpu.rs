@@ -27,10 +27,11 @@ use std::time::{Duration, Instant};
 
 fn recipe(heads: usize, head_dim: usize, next_n: usize, lens: LensRecipe, seed: u64) -> Recipe {
     Recipe {
-        heads,
-        head_dim,
         lens,
-        ..Recipe::small(Vec::new(), next_n, seed)
+        ..Recipe::small(Vec::new(), next_n, seed).with(|k| {
+            k.heads = heads;
+            k.head_dim = head_dim;
+        })
     }
 }
 
@@ -44,37 +45,37 @@ pub fn bug_recipe(plant: Plant) -> Recipe {
     match plant {
         Plant::TailUnwritten => {}
         Plant::Offset32Kv => {
-            r.offsets = OffsetClass::Around4G;
+            r.knobs.offsets = OffsetClass::Around4G;
             r.lens = seqs(&[600]);
         }
         Plant::Offset32Out => {
-            r.big_output = true;
+            r.knobs.big_output = true;
             r.lens = seqs(&[300]);
-            r.model_len_slack = 1 << 14;
+            r.knobs.model_len_slack = 1 << 14;
         }
         Plant::MaskOffByOne => {
-            r.next_n = 2;
+            r.knobs.next_n = 2;
         }
         Plant::Ctx2dIgnored => {
-            r.next_n = 2;
+            r.knobs.next_n = 2;
             r.lens = LensRecipe::PerToken(vec![vec![250, 251], vec![100, 400]]);
         }
         Plant::TablePaddingRead => {
-            r.padding = Padding::Huge;
-            r.surplus_blocks = 8;
+            r.knobs.padding = Padding::Huge;
+            r.knobs.surplus_blocks = 8;
         }
         Plant::ZeroBatch => {
             r.lens = seqs(&[0; 32]);
         }
-        Plant::FnuzAsFn => r.format = Fp8Format::E4m3fnuz,
-        Plant::ScaleBeforeRelu => r.values = ValueKind::Hostile,
+        Plant::FnuzAsFn => r.knobs.format = Fp8Format::E4m3fnuz,
+        Plant::ScaleBeforeRelu => r.knobs.values = ValueKind::Hostile,
         Plant::SplitBoundaryDrop => r.lens = seqs(&[3000, 2000, 1500]),
         Plant::ShortRowSkipped => {
-            r.next_n = 2;
+            r.knobs.next_n = 2;
             r.lens = seqs(&[1, 300]);
         }
         Plant::StorePastEnd => {
-            r.model_len_slack = 0;
+            r.knobs.model_len_slack = 0;
             r.lens = seqs(&[300]);
         }
         // Property plants: the default two sequences (a batch, several heads) show them.
@@ -106,29 +107,29 @@ pub fn random_recipe(seed: u64, hostile: bool) -> Recipe {
         LensRecipe::PerSequence((0..batch).map(|_| edge(&mut rng)).collect())
     };
     let mut r = recipe(heads, head_dim, next_n, lens, seed);
-    r.block_size = block_size;
+    r.knobs.block_size = block_size;
     r.layout = if block_size % 16 == 0 && pick(&mut rng, 2) == 0 {
         ValueLayout::Shuffle16
     } else {
         ValueLayout::Normal
     };
-    r.format = Fp8Format::ALL[pick(&mut rng, 2)];
-    r.table_order = [
+    r.knobs.format = Fp8Format::ALL[pick(&mut rng, 2)];
+    r.knobs.table_order = [
         TableOrder::Sequential,
         TableOrder::Permuted,
         TableOrder::Reversed,
         TableOrder::SharedPrefix,
     ][pick(&mut rng, 4)];
-    r.padding = [
+    r.knobs.padding = [
         Padding::Zero,
         Padding::MinusOne,
         Padding::Huge,
         Padding::Garbage,
     ][pick(&mut rng, 4)];
-    r.kv_stride_pad = 4 * pick(&mut rng, 5) as u64;
-    r.out_stride_pad = pick(&mut rng, 40);
-    r.model_len_slack = pick(&mut rng, 300);
-    r.offsets = [
+    r.knobs.kv_stride_pad = 4 * pick(&mut rng, 5) as u64;
+    r.knobs.out_stride_pad = pick(&mut rng, 40);
+    r.knobs.model_len_slack = pick(&mut rng, 300);
+    r.knobs.offsets = [
         OffsetClass::Low,
         OffsetClass::Low,
         OffsetClass::Low,
@@ -142,7 +143,7 @@ pub fn random_recipe(seed: u64, hostile: bool) -> Recipe {
         ValueKind::ReluBoundary,
         ValueKind::AllNegative,
     ];
-    r.values = if hostile && pick(&mut rng, 4) == 0 {
+    r.knobs.values = if hostile && pick(&mut rng, 4) == 0 {
         ValueKind::Hostile
     } else {
         kinds[pick(&mut rng, kinds.len())]
@@ -164,11 +165,11 @@ pub fn production_recipe(
         .map(|_| ((ctx as f64) * (1.0 + spread * rng.random_range(-1.0..1.0f64))) as usize)
         .collect();
     let mut r = recipe(64, 128, next_n, seqs(&lens), seed);
-    r.block_size = 64;
-    r.kv_stride_pad = 0;
-    r.out_stride_pad = 256 - (lens.iter().max().unwrap() + 5) % 256; // rows aligned to 256 like the libraries
-    r.padding = Padding::Zero;
-    r.values = ValueKind::UniformCodes;
+    r.knobs.block_size = 64;
+    r.knobs.kv_stride_pad = 0;
+    r.knobs.out_stride_pad = 256 - (lens.iter().max().unwrap() + 5) % 256; // rows aligned to 256 like the libraries
+    r.knobs.padding = Padding::Zero;
+    r.knobs.values = ValueKind::UniformCodes;
     r
 }
 
@@ -213,7 +214,7 @@ fn shape_case(k: usize) -> Case {
         seqs(&[1]),
         1,
     );
-    r.format = Fp8Format::ALL[(k / 24) % 2];
+    r.knobs.format = Fp8Format::ALL[(k / 24) % 2];
     r.materialize()
 }
 
@@ -224,8 +225,8 @@ impl Small for Recipe {
     /// The shape only (big outputs and caches are irrelevant for compiling).
     fn materialize_small(&self) -> Case {
         let mut r = self.clone();
-        r.big_output = false;
-        r.offsets = OffsetClass::Low;
+        r.knobs.big_output = false;
+        r.knobs.offsets = OffsetClass::Low;
         r.materialize()
     }
 }

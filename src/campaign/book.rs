@@ -224,7 +224,7 @@ impl Book {
             self.raw.insert(raw, new);
             return true;
         }
-        let (k, seed) = f.origin.or(f.parent).unwrap_or((0, f.recipe.seed));
+        let (k, seed) = f.origin.or(f.parent).unwrap_or((0, f.recipe.knobs.seed));
         ctx.progress.println(&format!(
             "finding: {name} {class}{} on {}; shrinking...",
             reason

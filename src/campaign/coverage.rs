@@ -2,11 +2,286 @@
 //! combination (block size × next_n × layout × offset class), so a user can see that
 //! the risky regions were actually reached. Expected values start at 0, so a value
 //! never reached shows as 0 instead of being absent.
+//!
+//! Every axis is a row of [`AXES`]: its name, its values, which of them a campaign is
+//! expected to reach and the values a generated case hits. Both the expectation and the
+//! counting read that table, so an axis is named and bucketed in one place.
 
 use crate::case::{Case, ContextLens, ValueLayout};
-use crate::generate::{OffsetClass, Recipe, TableOrder};
+use crate::generate::{OffsetClass, Padding, Profile, Recipe, TableOrder, ValueKind};
 use crate::kernel::Capabilities;
 use crate::report::Coverage;
+
+/// One coverage axis.
+struct Axis {
+    name: &'static str,
+    /// Every value the axis can take.
+    values: &'static [&'static str],
+    /// Whether a campaign (profile, kernels) is expected to reach a value.
+    expected: fn(&Campaign, &str) -> bool,
+    /// The values one generated case hits; a value may come more than once (one
+    /// `context` hit per sequence).
+    hits: fn(&Recipe, &Case) -> Vec<&'static str>,
+}
+
+/// What a campaign is expected to reach depends on: its profile and kernels.
+struct Campaign<'a> {
+    caps: &'a [&'a Capabilities],
+    profile: Profile,
+}
+
+impl Campaign<'_> {
+    fn production(&self) -> bool {
+        self.profile == Profile::Production
+    }
+
+    /// Whether every kernel takes what `f` asks.
+    fn all(&self, f: impl Fn(&Capabilities) -> bool) -> bool {
+        self.caps.iter().all(|c| f(c))
+    }
+
+    /// Production campaigns expect a value where `production` says, the others always.
+    fn generated_or(&self, production: bool) -> bool {
+        !self.production() || production
+    }
+}
+
+/// The coverage axes. A new generator axis is a row here.
+const AXES: &[Axis] = &[
+    Axis {
+        name: "block_size",
+        values: BS_CLASSES,
+        expected: |c, v| c.generated_or(v != "other" && c.all(|k| k.block_sizes.allows(bs_of(v)))),
+        hits: |_, case| vec![bs_class(case.shape.block_size)],
+    },
+    Axis {
+        name: "next_n",
+        values: N_CLASSES,
+        expected: |c, _| !c.production(),
+        hits: |_, case| vec![n_class(case.shape.next_n)],
+    },
+    Axis {
+        name: "layout",
+        values: &["normal", "shuffle16"],
+        expected: |c, v| c.generated_or(c.all(|k| k.layouts.iter().any(|l| l.name() == v))),
+        hits: |_, case| vec![case.shape.layout.name()],
+    },
+    Axis {
+        name: "format",
+        values: &["e4m3fn", "e4m3fnuz"],
+        expected: |c, v| c.generated_or(c.all(|k| k.formats.iter().any(|f| f.name() == v))),
+        hits: |_, case| vec![case.shape.format.name()],
+    },
+    Axis {
+        name: "context_lens",
+        values: &["1d", "2d"],
+        expected: |c, _| !c.production() && c.all(|k| k.lens_2d),
+        hits: |_, case| {
+            vec![if case.context_lens.is_2d() {
+                "2d"
+            } else {
+                "1d"
+            }]
+        },
+    },
+    Axis {
+        name: "mtp",
+        values: &["native", "flattened"],
+        // MTP is flattened where a kernel takes fewer than an engine's 4 rows.
+        expected: |c, v| {
+            let native_max = c.caps.iter().map(|k| k.next_n.1).min().unwrap_or(1);
+            c.production() && (v == "native" || native_max < 4)
+        },
+        hits: |r, _| match pool_of(r) {
+            Some(p) if p.rows_per_request > 1 => vec!["flattened"],
+            Some(_) => vec!["native"],
+            None => vec![],
+        },
+    },
+    Axis {
+        name: "length_class",
+        values: &[
+            "zero_leading",
+            "zero_middle",
+            "zero_trailing",
+            "all_zero_batch32",
+            "one",
+            "below_next_n",
+            "block_edge",
+            "chunk_edge",
+            "eq_max_model_len",
+            "long",
+        ],
+        // An engine's zero-length requests are its CUDA-graph padding, at the batch's
+        // end; its lengths are at least next_n.
+        expected: |c, v| {
+            c.generated_or(!matches!(
+                v,
+                "zero_leading" | "zero_middle" | "one" | "below_next_n"
+            ))
+        },
+        hits: |_, case| length_classes(case),
+    },
+    Axis {
+        name: "table_order",
+        values: &["sequential", "permuted", "reversed", "shared_prefix"],
+        expected: |c, v| c.generated_or(matches!(v, "sequential" | "shared_prefix")),
+        hits: |r, _| vec![table_order_name(r.knobs.table_order)],
+    },
+    Axis {
+        name: "padding",
+        values: &["zero", "minus_one", "huge", "garbage", "stale"],
+        expected: |c, v| {
+            if c.production() {
+                matches!(v, "zero" | "stale")
+            } else {
+                v != "stale"
+            }
+        },
+        // Only a table with padding in it shows its padding.
+        hits: |r, case| {
+            let s = &case.shape;
+            let used = (0..s.batch).any(|b| case.blocks_used(b) < case.block_table.row_stride);
+            if used {
+                vec![padding_name(r.knobs.padding)]
+            } else {
+                vec![]
+            }
+        },
+    },
+    Axis {
+        name: "kv_offsets",
+        values: &[
+            "low",
+            "around_2g",
+            "around_4g",
+            "below_2g",
+            "past_2g",
+            "past_4g",
+        ],
+        // Dense draws name their offset class, pools the band they reached.
+        expected: |c, v| {
+            if c.production() {
+                matches!(v, "below_2g" | "past_2g" | "past_4g")
+            } else {
+                v != "below_2g"
+            }
+        },
+        hits: |r, case| {
+            let mut v = match r.knobs.offsets {
+                OffsetClass::Pool(_) if kv_band(case) == "below_2g" => vec!["below_2g"],
+                OffsetClass::Pool(_) => vec![],
+                o => vec![offset_name(o)],
+            };
+            let max_off = case.max_kv_offset();
+            if max_off >= 1 << 31 {
+                v.push("past_2g");
+            }
+            if max_off >= 1 << 32 {
+                v.push("past_4g");
+            }
+            v
+        },
+    },
+    Axis {
+        name: "kv_stride",
+        values: &["tight", "padded"],
+        expected: |_, _| true,
+        hits: |_, case| {
+            let padded = case.kv_block_stride > case.shape.block_bytes() as u64;
+            vec![if padded { "padded" } else { "tight" }]
+        },
+    },
+    Axis {
+        name: "out_offsets",
+        values: &["below_2g", "past_2g"],
+        expected: |_, _| true,
+        hits: |_, case| {
+            let past = case.output_bytes() > 1 << 31;
+            vec![if past { "past_2g" } else { "below_2g" }]
+        },
+    },
+    Axis {
+        name: "out_stride",
+        values: &["tight", "padded"],
+        expected: |c, _| !c.production(),
+        hits: |_, case| {
+            let padded = case.out_row_stride > case.max_model_len;
+            vec![if padded { "padded" } else { "tight" }]
+        },
+    },
+    Axis {
+        name: "values",
+        values: &[
+            "pipeline",
+            "uniform_codes",
+            "extreme",
+            "relu_boundary",
+            "all_negative",
+            "hostile",
+        ],
+        expected: |c, v| match v {
+            "pipeline" => true,
+            "hostile" => matches!(c.profile, Profile::Hostile | Profile::All),
+            _ => !matches!(c.profile, Profile::Production | Profile::Hostile),
+        },
+        hits: |r, _| vec![value_name(r.knobs.values)],
+    },
+    Axis {
+        name: "batch",
+        values: &["1", "2-8", "9-64", "65-256", "257+"],
+        expected: |c, _| c.production(),
+        // Requests, not the rows MTP flattening makes of them.
+        hits: |r, case| {
+            let rows = pool_of(r).map_or(1, |p| p.rows_per_request.max(1) as usize);
+            vec![batch_bin(case.shape.batch / rows)]
+        },
+    },
+    Axis {
+        name: "context",
+        values: &["<=4K", "<=32K", "<=128K", ">128K"],
+        expected: |c, _| c.production(),
+        hits: |_, case| {
+            (0..case.shape.batch)
+                .map(|b| case.seq_tokens(b))
+                .filter(|&t| t > 0)
+                .map(context_bin)
+                .collect()
+        },
+    },
+    Axis {
+        name: "rows",
+        values: &["<=512", ">512"],
+        expected: |c, _| c.production(),
+        hits: |_, case| vec![if case.rows() > 512 { ">512" } else { "<=512" }],
+    },
+    Axis {
+        name: "workspace",
+        values: &["<256M", "256M-2G", ">=2G"],
+        expected: |c, _| c.production(),
+        hits: |_, case| vec![workspace_bin(case.output_bytes())],
+    },
+    Axis {
+        name: "pool",
+        values: &["fresh", "churned"],
+        expected: |c, _| c.production(),
+        hits: |r, _| match pool_of(r) {
+            Some(p) if p.churn == 0 => vec!["fresh"],
+            Some(_) => vec!["churned"],
+            None => vec![],
+        },
+    },
+];
+
+const BS_CLASSES: &[&str] = &["1", "16", "64", "256", "other"];
+const N_CLASSES: &[&str] = &["1", "2", "3+"];
+const KV_BANDS: &[&str] = &["below_2g", "2g_to_4g", "past_4g"];
+/// The dense offset classes of the risky combinations.
+const OFFSETS: &[OffsetClass] = &[
+    OffsetClass::Low,
+    OffsetClass::Around2G,
+    OffsetClass::Around4G,
+];
 
 fn bs_class(bs: usize) -> &'static str {
     match bs {
@@ -18,6 +293,11 @@ fn bs_class(bs: usize) -> &'static str {
     }
 }
 
+/// A block size of the class (3 for `other`).
+fn bs_of(class: &str) -> usize {
+    class.parse().unwrap_or(3)
+}
+
 fn n_class(n: usize) -> &'static str {
     match n {
         1 => "1",
@@ -26,12 +306,54 @@ fn n_class(n: usize) -> &'static str {
     }
 }
 
+/// A next_n of the class (3 for `3+`).
+fn n_of(class: &str) -> usize {
+    class.parse().unwrap_or(3)
+}
+
 fn offset_name(o: OffsetClass) -> &'static str {
     match o {
         OffsetClass::Low => "low",
         OffsetClass::Around2G => "around_2g",
         OffsetClass::Around4G => "around_4g",
         OffsetClass::Pool(_) => "pool",
+    }
+}
+
+fn table_order_name(t: TableOrder) -> &'static str {
+    match t {
+        TableOrder::Sequential => "sequential",
+        TableOrder::Permuted => "permuted",
+        TableOrder::Reversed => "reversed",
+        TableOrder::SharedPrefix => "shared_prefix",
+    }
+}
+
+fn padding_name(p: Padding) -> &'static str {
+    match p {
+        Padding::Zero => "zero",
+        Padding::MinusOne => "minus_one",
+        Padding::Huge => "huge",
+        Padding::Garbage => "garbage",
+        Padding::Stale => "stale",
+    }
+}
+
+fn value_name(v: ValueKind) -> &'static str {
+    match v {
+        ValueKind::Pipeline => "pipeline",
+        ValueKind::UniformCodes => "uniform_codes",
+        ValueKind::Extreme => "extreme",
+        ValueKind::ReluBoundary => "relu_boundary",
+        ValueKind::AllNegative => "all_negative",
+        ValueKind::Hostile => "hostile",
+    }
+}
+
+fn pool_of(r: &Recipe) -> Option<crate::generate::PoolRecipe> {
+    match r.knobs.offsets {
+        OffsetClass::Pool(p) => Some(p),
+        _ => None,
     }
 }
 
@@ -71,300 +393,82 @@ fn workspace_bin(bytes: u64) -> &'static str {
     }
 }
 
-/// The production profile's axes: what an engine's batches reached.
-fn expected_production(c: &mut Coverage, caps: &[&Capabilities]) {
-    let mut put = |axis: &str, vals: &[&str]| {
-        let m = c.axes.entry(axis.to_string()).or_default();
-        for v in vals {
-            m.insert(v.to_string(), 0);
-        }
-    };
-    let bss: Vec<&str> = ["1", "16", "64", "256"]
-        .into_iter()
-        .filter(|b| {
-            caps.iter()
-                .all(|c| c.block_sizes.allows(b.parse().unwrap()))
-        })
-        .collect();
-    put("block_size", &bss);
-    let formats: Vec<&str> = crate::fp8::Fp8Format::ALL
-        .iter()
-        .filter(|f| caps.iter().all(|c| c.formats.contains(f)))
-        .map(|f| f.name())
-        .collect();
-    put("format", &formats);
-    let layouts: Vec<&str> = [ValueLayout::Normal, ValueLayout::Shuffle16]
-        .into_iter()
-        .filter(|l| caps.iter().all(|c| c.layouts.contains(l)))
-        .map(|l| l.name())
-        .collect();
-    put("layout", &layouts);
-    let native_max = caps.iter().map(|c| c.next_n.1).min().unwrap_or(1);
-    put(
-        "mtp",
-        if native_max >= 4 {
-            &["native"]
-        } else {
-            &["native", "flattened"]
-        },
-    );
-    put(
-        "length_class",
-        &[
-            "zero_trailing",
-            "all_zero_batch32",
-            "block_edge",
-            "chunk_edge",
-            "eq_max_model_len",
-            "long",
-        ],
-    );
-    put("table_order", &["sequential", "shared_prefix"]);
-    put("padding", &["zero", "stale"]);
-    put("kv_offsets", &["below_2g", "past_2g", "past_4g"]);
-    put("kv_stride", &["tight", "padded"]);
-    put("out_offsets", &["below_2g", "past_2g"]);
-    put("values", &["pipeline"]);
-    put("batch", &["1", "2-8", "9-64", "65-256", "257+"]);
-    put("context", &["<=4K", "<=32K", "<=128K", ">128K"]);
-    put("rows", &["<=512", ">512"]);
-    put("workspace", &["<256M", "256M-2G", ">=2G"]);
-    put("pool", &["fresh", "churned"]);
-    for bs in &bss {
-        for band in ["below_2g", "2g_to_4g", "past_4g"] {
-            c.combos.insert(format!("bs={bs}|kv={band}"), 0);
-        }
-    }
-}
-
 /// The axis values a campaign is expected to reach (for the kernels' capabilities).
-pub fn expected(caps: &[&Capabilities], profile: crate::generate::Profile) -> Coverage {
-    use crate::generate::Profile;
-    let production = profile == Profile::Production;
-    let hostile = matches!(profile, Profile::Hostile | Profile::All);
+pub fn expected(caps: &[&Capabilities], profile: Profile) -> Coverage {
+    let campaign = Campaign { caps, profile };
     let mut c = Coverage::default();
-    if production {
-        expected_production(&mut c, caps);
-        return c;
-    }
-    let mut put = |axis: &str, vals: &[&str]| {
-        let m = c.axes.entry(axis.to_string()).or_default();
-        for v in vals {
-            m.insert(v.to_string(), 0);
+    for axis in AXES {
+        let vals: Vec<&str> = axis
+            .values
+            .iter()
+            .copied()
+            .filter(|v| (axis.expected)(&campaign, v))
+            .collect();
+        if !vals.is_empty() {
+            let m = c.axes.entry(axis.name.to_string()).or_default();
+            m.extend(vals.into_iter().map(|v| (v.to_string(), 0)));
         }
-    };
-    let all = |f: &dyn Fn(&Capabilities) -> bool| caps.iter().all(|c| f(c));
-    put("block_size", &["1", "16", "64", "256", "other"]);
-    put("next_n", &["1", "2", "3+"]);
-    put("layout", &["normal", "shuffle16"]);
-    put("format", &["e4m3fn", "e4m3fnuz"]);
-    if all(&|c| c.lens_2d) {
-        put("context_lens", &["1d", "2d"]);
     }
-    put(
-        "length_class",
-        &[
-            "zero_leading",
-            "zero_middle",
-            "zero_trailing",
-            "all_zero_batch32",
-            "one",
-            "below_next_n",
-            "block_edge",
-            "chunk_edge",
-            "eq_max_model_len",
-            "long",
-        ],
-    );
-    put(
-        "table_order",
-        &["sequential", "permuted", "reversed", "shared_prefix"],
-    );
-    put("padding", &["zero", "minus_one", "huge", "garbage"]);
-    put(
-        "kv_offsets",
-        &["low", "around_2g", "around_4g", "past_2g", "past_4g"],
-    );
-    put("kv_stride", &["tight", "padded"]);
-    put("out_offsets", &["below_2g", "past_2g"]);
-    put("out_stride", &["tight", "padded"]);
-    let mut vals = vec!["pipeline"];
-    if profile != Profile::Hostile {
-        vals.extend(["uniform_codes", "extreme", "relu_boundary", "all_negative"]);
-    }
-    if hostile {
-        vals.push("hostile");
-    }
-    put("values", &vals);
-    let bs_ok = |bs: &str| {
-        let n: usize = match bs {
-            "other" => 3,
-            x => x.parse().unwrap(),
-        };
-        caps.iter().all(|c| c.block_sizes.allows(n))
-    };
-    let n_ok = |n: &str| {
-        let v: usize = match n {
-            "3+" => 3,
-            x => x.parse().unwrap(),
-        };
-        caps.iter().all(|c| v >= c.next_n.0 && v <= c.next_n.1)
-    };
-    let layout_ok = |l: ValueLayout| caps.iter().all(|c| c.layouts.contains(&l));
-    let offsets: &[&str] = &["low", "around_2g", "around_4g"];
-    for bs in ["1", "16", "64", "256", "other"]
-        .into_iter()
-        .filter(|b| bs_ok(b))
-    {
-        for n in ["1", "2", "3+"].into_iter().filter(|n| n_ok(n)) {
-            for layout in ["normal", "shuffle16"] {
-                if layout == "shuffle16"
-                    && (bs == "1" || bs == "other" || !layout_ok(ValueLayout::Shuffle16))
-                {
-                    continue;
-                }
-                if layout == "normal" && !layout_ok(ValueLayout::Normal) {
-                    continue;
-                }
-                for off in offsets {
-                    c.combos.insert(format!("bs={bs}|n={n}|{layout}|{off}"), 0);
-                }
-            }
-        }
+    for combo in expected_combos(&campaign) {
+        c.combos.insert(combo, 0);
     }
     c
 }
 
+/// The risky combinations a campaign is expected to reach: block size × KV band for
+/// engine pools, block size × next_n × layout × offset class for the others.
+fn expected_combos(c: &Campaign) -> Vec<String> {
+    let mut v = Vec::new();
+    let bss = BS_CLASSES
+        .iter()
+        .filter(|b| !c.production() || **b != "other")
+        .filter(|b| c.all(|k| k.block_sizes.allows(bs_of(b))));
+    for bs in bss {
+        if c.production() {
+            v.extend(KV_BANDS.iter().map(|band| format!("bs={bs}|kv={band}")));
+            continue;
+        }
+        let ns = N_CLASSES.iter().filter(|n| {
+            let n = n_of(n);
+            c.all(|k| n >= k.next_n.0 && n <= k.next_n.1)
+        });
+        for n in ns {
+            for layout in ValueLayout::ALL {
+                let shuffle = layout == ValueLayout::Shuffle16;
+                if (shuffle && matches!(*bs, "1" | "other"))
+                    || !c.all(|k| k.layouts.contains(&layout))
+                {
+                    continue;
+                }
+                for off in OFFSETS {
+                    let (layout, off) = (layout.name(), offset_name(*off));
+                    v.push(format!("bs={bs}|n={n}|{layout}|{off}"));
+                }
+            }
+        }
+    }
+    v
+}
+
 /// Counts one generated case.
 pub fn record(cov: &mut Coverage, recipe: &Recipe, case: &Case) {
-    let mut hit = |axis: &str, v: &str| {
-        *cov.axes
-            .entry(axis.to_string())
-            .or_default()
-            .entry(v.to_string())
-            .or_default() += 1;
-    };
-    let s = &case.shape;
-    hit("block_size", bs_class(s.block_size));
-    hit("next_n", n_class(s.next_n));
-    hit("layout", s.layout.name());
-    hit("format", s.format.name());
-    hit(
-        "context_lens",
-        if case.context_lens.is_2d() {
-            "2d"
-        } else {
-            "1d"
-        },
-    );
-    for class in length_classes(case) {
-        hit("length_class", class);
-    }
-    hit(
-        "table_order",
-        match recipe.table_order {
-            TableOrder::Sequential => "sequential",
-            TableOrder::Permuted => "permuted",
-            TableOrder::Reversed => "reversed",
-            TableOrder::SharedPrefix => "shared_prefix",
-        },
-    );
-    let pad_used = (0..s.batch).any(|b| case.blocks_used(b) < case.block_table.row_stride);
-    if pad_used {
-        hit(
-            "padding",
-            match recipe.padding {
-                crate::generate::Padding::Zero => "zero",
-                crate::generate::Padding::MinusOne => "minus_one",
-                crate::generate::Padding::Huge => "huge",
-                crate::generate::Padding::Garbage => "garbage",
-                crate::generate::Padding::Stale => "stale",
-            },
-        );
-    }
-    let pool = match recipe.offsets {
-        OffsetClass::Pool(p) => Some(p),
-        _ => None,
-    };
-    if let Some(p) = pool {
-        if kv_band(case) == "below_2g" {
-            hit("kv_offsets", "below_2g");
+    for axis in AXES {
+        for v in (axis.hits)(recipe, case) {
+            debug_assert!(axis.values.contains(&v), "{}={v}", axis.name);
+            let m = cov.axes.entry(axis.name.to_string()).or_default();
+            *m.entry(v.to_string()).or_default() += 1;
         }
-        hit("pool", if p.churn == 0 { "fresh" } else { "churned" });
-        hit(
-            "mtp",
-            if p.rows_per_request > 1 {
-                "flattened"
-            } else {
-                "native"
-            },
-        );
-    } else {
-        hit("kv_offsets", offset_name(recipe.offsets));
     }
-    let requests = s.batch / pool.map_or(1, |p| p.rows_per_request.max(1) as usize);
-    hit("batch", batch_bin(requests));
-    let live = (0..s.batch).map(|b| case.seq_tokens(b)).filter(|&t| t > 0);
-    for ctx in live {
-        hit("context", context_bin(ctx));
-    }
-    hit("rows", if case.rows() > 512 { ">512" } else { "<=512" });
-    hit("workspace", workspace_bin(case.output_bytes()));
-    let max_off = case.max_kv_offset();
-    if max_off >= 1 << 31 {
-        hit("kv_offsets", "past_2g");
-    }
-    if max_off >= 1 << 32 {
-        hit("kv_offsets", "past_4g");
-    }
-    hit(
-        "kv_stride",
-        if case.kv_block_stride > s.block_bytes() as u64 {
-            "padded"
-        } else {
-            "tight"
-        },
-    );
-    hit(
-        "out_offsets",
-        if case.output_bytes() > 1 << 31 {
-            "past_2g"
-        } else {
-            "below_2g"
-        },
-    );
-    hit(
-        "out_stride",
-        if case.out_row_stride > case.max_model_len {
-            "padded"
-        } else {
-            "tight"
-        },
-    );
-    hit(
-        "values",
-        match recipe.values {
-            crate::generate::ValueKind::Pipeline => "pipeline",
-            crate::generate::ValueKind::UniformCodes => "uniform_codes",
-            crate::generate::ValueKind::Extreme => "extreme",
-            crate::generate::ValueKind::ReluBoundary => "relu_boundary",
-            crate::generate::ValueKind::AllNegative => "all_negative",
-            crate::generate::ValueKind::Hostile => "hostile",
-        },
-    );
-    let layout = if s.layout == ValueLayout::Shuffle16 {
-        "shuffle16"
-    } else {
-        "normal"
-    };
-    let combo = if pool.is_some() {
+    let s = &case.shape;
+    let combo = if pool_of(recipe).is_some() {
         format!("bs={}|kv={}", bs_class(s.block_size), kv_band(case))
     } else {
         format!(
-            "bs={}|n={}|{layout}|{}",
+            "bs={}|n={}|{}|{}",
             bs_class(s.block_size),
             n_class(s.next_n),
-            offset_name(recipe.offsets)
+            s.layout.name(),
+            offset_name(recipe.knobs.offsets)
         )
     };
     *cov.combos.entry(combo).or_default() += 1;
@@ -416,19 +520,6 @@ pub fn length_classes(case: &Case) -> Vec<&'static str> {
         v.push("long");
     }
     v
-}
-
-/// Adds `b` into `a` (merging shard or per-kernel coverage).
-pub fn add(a: &mut Coverage, b: &Coverage) {
-    for (axis, vals) in &b.axes {
-        let m = a.axes.entry(axis.clone()).or_default();
-        for (k, n) in vals {
-            *m.entry(k.clone()).or_default() += n;
-        }
-    }
-    for (k, n) in &b.combos {
-        *a.combos.entry(k.clone()).or_default() += n;
-    }
 }
 
 /// Axis values and combinations never reached.

@@ -77,7 +77,7 @@ impl Engine<'_> {
 
     /// How a case of `recipe` is verified.
     fn verify_for(&self, recipe: &Recipe) -> VerifyMode {
-        if matches!(recipe.offsets, crate::generate::OffsetClass::Pool(_)) {
+        if matches!(recipe.knobs.offsets, crate::generate::OffsetClass::Pool(_)) {
             self.production_verify
         } else {
             self.verify

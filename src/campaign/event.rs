@@ -70,7 +70,7 @@ impl Tally {
                         .entry(format!("adjusted: {a}"))
                         .or_default() += 1;
                 }
-                match &g.recipe.offsets {
+                match &g.recipe.knobs.offsets {
                     OffsetClass::Pool(pool) => Some(pool),
                     _ => None,
                 }

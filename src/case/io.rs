@@ -6,9 +6,8 @@
 //! Loading never trusts the file: sizes are checked before anything is allocated from
 //! them, and every error names the file and the field.
 
-use super::{BlockTable, Case, ContextLens, Shape, SparseKvCache, ValueLayout};
+use super::{BlockTable, Case, ContextLens, Shape, SparseKvCache};
 use crate::class::Class;
-use crate::fp8::Fp8Format;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -107,16 +106,13 @@ struct FileJson {
     case: CaseJson,
 }
 
+/// The case: its shape's fields first, then the cache, the lengths, the table and the
+/// tensors, all at one level.
 #[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct CaseJson {
-    batch: usize,
-    next_n: usize,
-    heads: usize,
-    head_dim: usize,
-    block_size: usize,
-    layout: ValueLayout,
-    format: Fp8Format,
+    #[serde(flatten)]
+    shape: Shape,
     num_blocks: u64,
     kv_block_stride: u64,
     max_model_len: usize,
@@ -308,6 +304,11 @@ fn parse_case(
     let parsed: FileJson = serde_path_to_error::deserialize(de).map_err(|e| {
         let field = e.path().to_string();
         let inner = e.into_inner();
+        if field == "case" {
+            if let Some((field, msg)) = shape_field_error(text) {
+                return ferr(path, field, msg);
+            }
+        }
         let msg = if inner.is_eof() {
             format!("file is truncated ({inner})")
         } else {
@@ -333,22 +334,24 @@ fn parse_case(
     })
 }
 
+/// The shape field a bad value stands in, and why. `#[serde(flatten)]` reads the
+/// shape's fields after the whole `case` object, out of the path tracker's sight, so a
+/// wrong `case.heads` is reported at `case`; reading the shape alone from the parsed
+/// file names the field again. `None` when the shape is not what failed.
+fn shape_field_error(text: &[u8]) -> Option<(String, String)> {
+    let file: serde_json::Value = serde_json::from_slice(text).ok()?;
+    let e = serde_path_to_error::deserialize::<_, Shape>(file.get("case")?).err()?;
+    let field = e.path().to_string();
+    (field != ".").then(|| (format!("case.{field}"), e.into_inner().to_string()))
+}
+
 fn case_from_json(
     path: &Path,
     c: CaseJson,
     tensors: &mut TensorSource,
 ) -> Result<Case, CaseFileError> {
-    let shape = Shape {
-        batch: c.batch,
-        next_n: c.next_n,
-        heads: c.heads,
-        head_dim: c.head_dim,
-        block_size: c.block_size,
-        layout: c.layout,
-        format: c.format,
-    };
     let mut case = Case {
-        shape,
+        shape: c.shape,
         num_blocks: c.num_blocks,
         kv_block_stride: c.kv_block_stride,
         context_lens: c.context_lens,
@@ -541,19 +544,12 @@ pub fn save_case_file(path: &Path, file: &CaseFile) -> std::io::Result<()> {
         crate::util::write_atomic(&st_path, &tensors_to_safetensors(c)?)?;
         TensorsJson::Safetensors(st_name)
     };
-    let s = &c.shape;
     let json = FileJson {
         format_version: FORMAT_VERSION,
         provenance: file.provenance.clone(),
         expected: file.expected.clone(),
         case: CaseJson {
-            batch: s.batch,
-            next_n: s.next_n,
-            heads: s.heads,
-            head_dim: s.head_dim,
-            block_size: s.block_size,
-            layout: s.layout,
-            format: s.format,
+            shape: c.shape.clone(),
             num_blocks: c.num_blocks,
             kv_block_stride: c.kv_block_stride,
             max_model_len: c.max_model_len,

@@ -152,9 +152,9 @@ impl Feature {
             Feature::KvOffset2g => "KV byte offset ≥ 2^31".into(),
             Feature::KvOffset4g => "KV byte offset ≥ 2^32".into(),
             Feature::OutOffset2g => "output byte offset ≥ 2^31".into(),
-            Feature::BlockSize => format!("block size {}", r.block_size),
+            Feature::BlockSize => format!("block size {}", r.knobs.block_size),
             Feature::Layout => format!("layout {:?}", r.layout).to_lowercase(),
-            Feature::Fp8Format => format!("fp8 format {}", r.format.name()),
+            Feature::Fp8Format => format!("fp8 format {}", r.knobs.format.name()),
             Feature::NextN2 => "next_n ≥ 2".into(),
             Feature::NextN3 => "next_n ≥ 3".into(),
             Feature::Lens2d => "2-D (per-token) lengths".into(),
@@ -165,11 +165,11 @@ impl Feature {
             Feature::ZeroLengthRows => "zero-length rows".into(),
             Feature::AllZeroBatch => format!("an all-zero batch of {}", r.batch()),
             Feature::CtxEqMaxModelLen => "ctx == max_model_len".into(),
-            Feature::TablePadding => format!("table padding {}", padding_name(r.padding)),
+            Feature::TablePadding => format!("table padding {}", padding_name(r.knobs.padding)),
             Feature::PaddedKvStride => "padded KV block stride".into(),
             Feature::PaddedOutStride => "padded output row stride".into(),
             Feature::PaddedTableStride => "padded block-table stride".into(),
-            Feature::SpecialValues => format!("{} values", value_name(r.values)),
+            Feature::SpecialValues => format!("{} values", value_name(r.knobs.values)),
             Feature::HostileValues => {
                 "hostile values (NaN codes, negative/zero/inf/NaN scales and weights)".into()
             }
@@ -182,7 +182,7 @@ impl Feature {
             Feature::Lens2dIrregular | Feature::Lens2dNonMonotonic | Feature::SpecialValues => {
                 Tier::Api
             }
-            Feature::TablePadding => match r.padding {
+            Feature::TablePadding => match r.knobs.padding {
                 Padding::Huge => Tier::Hostile,
                 Padding::MinusOne => Tier::Api,
                 _ => Tier::Production,
@@ -196,20 +196,20 @@ impl Feature {
     pub fn present(self, r: &Recipe) -> bool {
         let seqs = seq_lens(r);
         match self {
-            Feature::KvOffset2g => match r.offsets {
+            Feature::KvOffset2g => match r.knobs.offsets {
                 OffsetClass::Pool(p) => p.blocks.saturating_mul(p.stride) > 1 << 31,
                 o => o != OffsetClass::Low,
             },
-            Feature::KvOffset4g => match r.offsets {
+            Feature::KvOffset4g => match r.knobs.offsets {
                 OffsetClass::Pool(p) => p.blocks.saturating_mul(p.stride) > 1 << 32,
                 o => o == OffsetClass::Around4G,
             },
-            Feature::OutOffset2g => r.big_output,
-            Feature::BlockSize => r.block_size != 64,
+            Feature::OutOffset2g => r.knobs.big_output,
+            Feature::BlockSize => r.knobs.block_size != 64,
             Feature::Layout => r.layout != ValueLayout::Normal,
-            Feature::Fp8Format => r.format != Fp8Format::E4m3fn,
-            Feature::NextN2 => r.next_n >= 2,
-            Feature::NextN3 => r.next_n >= 3,
+            Feature::Fp8Format => r.knobs.format != Fp8Format::E4m3fn,
+            Feature::NextN2 => r.knobs.next_n >= 2,
+            Feature::NextN3 => r.knobs.next_n >= 3,
             Feature::Lens2d => matches!(r.lens, LensRecipe::PerToken(_)),
             Feature::Lens2dIrregular => match &r.lens {
                 LensRecipe::PerToken(v) => v.iter().any(|row| *row != engine_row(row)),
@@ -221,16 +221,18 @@ impl Feature {
             },
             Feature::ZeroLengthRows => seqs.contains(&0) && seqs.iter().any(|&l| l > 0),
             Feature::AllZeroBatch => seqs.iter().all(|&l| l == 0),
-            Feature::CtxEqMaxModelLen => r.model_len_slack == 0,
-            Feature::TablePadding => r.padding != Padding::Zero,
-            Feature::PaddedKvStride => match r.offsets {
+            Feature::CtxEqMaxModelLen => r.knobs.model_len_slack == 0,
+            Feature::TablePadding => r.knobs.padding != Padding::Zero,
+            Feature::PaddedKvStride => match r.knobs.offsets {
                 OffsetClass::Pool(p) => p.stride > block_bytes(r),
-                _ => r.kv_stride_pad > 0,
+                _ => r.knobs.kv_stride_pad > 0,
             },
-            Feature::PaddedOutStride => r.out_stride_pad > 0,
-            Feature::PaddedTableStride => r.table_stride_pad > 0,
-            Feature::SpecialValues => !matches!(r.values, ValueKind::Pipeline | ValueKind::Hostile),
-            Feature::HostileValues => r.values == ValueKind::Hostile,
+            Feature::PaddedOutStride => r.knobs.out_stride_pad > 0,
+            Feature::PaddedTableStride => r.knobs.table_stride_pad > 0,
+            Feature::SpecialValues => {
+                !matches!(r.knobs.values, ValueKind::Pipeline | ValueKind::Hostile)
+            }
+            Feature::HostileValues => r.knobs.values == ValueKind::Hostile,
         }
     }
 
@@ -240,29 +242,29 @@ impl Feature {
         match self {
             // An engine pool's ids become the dense layout's, at the pool's stride.
             Feature::KvOffset2g | Feature::KvOffset4g
-                if matches!(r.offsets, OffsetClass::Pool(_)) =>
+                if matches!(r.knobs.offsets, OffsetClass::Pool(_)) =>
             {
-                if let OffsetClass::Pool(p) = r.offsets {
-                    b.kv_stride_pad = p.stride - block_bytes(r);
-                    b.offsets = if self == Feature::KvOffset2g {
+                if let OffsetClass::Pool(p) = r.knobs.offsets {
+                    b.knobs.kv_stride_pad = p.stride - block_bytes(r);
+                    b.knobs.offsets = if self == Feature::KvOffset2g {
                         OffsetClass::Low
                     } else {
                         OffsetClass::Around2G
                     };
                 }
             }
-            Feature::KvOffset2g => b.offsets = OffsetClass::Low,
-            Feature::KvOffset4g => b.offsets = OffsetClass::Around2G,
-            Feature::OutOffset2g => b.big_output = false,
-            Feature::BlockSize => b.block_size = 64,
+            Feature::KvOffset2g => b.knobs.offsets = OffsetClass::Low,
+            Feature::KvOffset4g => b.knobs.offsets = OffsetClass::Around2G,
+            Feature::OutOffset2g => b.knobs.big_output = false,
+            Feature::BlockSize => b.knobs.block_size = 64,
             Feature::Layout => b.layout = ValueLayout::Normal,
-            Feature::Fp8Format => b.format = Fp8Format::E4m3fn,
+            Feature::Fp8Format => b.knobs.format = Fp8Format::E4m3fn,
             Feature::NextN2 => {
-                b.next_n = 1;
+                b.knobs.next_n = 1;
                 b.lens = LensRecipe::PerSequence(seq_lens(r));
             }
             Feature::NextN3 => {
-                b.next_n = 2;
+                b.knobs.next_n = 2;
                 if let LensRecipe::PerToken(v) = &r.lens {
                     b.lens = LensRecipe::PerToken(
                         v.iter().map(|row| row[row.len() - 2..].to_vec()).collect(),
@@ -320,15 +322,15 @@ impl Feature {
                     }
                 }
             }
-            Feature::CtxEqMaxModelLen => b.model_len_slack = BENIGN_SLACK,
-            Feature::TablePadding => b.padding = Padding::Zero,
-            Feature::PaddedKvStride => match &mut b.offsets {
+            Feature::CtxEqMaxModelLen => b.knobs.model_len_slack = BENIGN_SLACK,
+            Feature::TablePadding => b.knobs.padding = Padding::Zero,
+            Feature::PaddedKvStride => match &mut b.knobs.offsets {
                 OffsetClass::Pool(p) => p.stride = block_bytes(r),
-                _ => b.kv_stride_pad = 0,
+                _ => b.knobs.kv_stride_pad = 0,
             },
-            Feature::PaddedOutStride => b.out_stride_pad = 0,
-            Feature::PaddedTableStride => b.table_stride_pad = 0,
-            Feature::SpecialValues | Feature::HostileValues => b.values = ValueKind::Pipeline,
+            Feature::PaddedOutStride => b.knobs.out_stride_pad = 0,
+            Feature::PaddedTableStride => b.knobs.table_stride_pad = 0,
+            Feature::SpecialValues | Feature::HostileValues => b.knobs.values = ValueKind::Pipeline,
         }
         b
     }
@@ -374,7 +376,7 @@ fn engine_row(row: &[usize]) -> Vec<usize> {
 
 /// Bytes of one block's values and scales (`bs·(D+4)`), the tight stride.
 fn block_bytes(r: &Recipe) -> u64 {
-    (r.block_size * (r.head_dim + 4)) as u64
+    (r.knobs.block_size * (r.knobs.head_dim + 4)) as u64
 }
 
 fn padding_name(p: Padding) -> &'static str {
@@ -406,11 +408,11 @@ mod tests {
     fn every_benign_form_removes_its_feature_and_validates() {
         let mut r = Recipe::small(vec![0, 40], 3, 1);
         r.lens = LensRecipe::PerToken(vec![vec![0, 0, 0], vec![40, 12, 39]]);
-        r.offsets = OffsetClass::Around4G;
-        r.big_output = false;
-        r.model_len_slack = 0;
-        r.values = ValueKind::Hostile;
-        r.format = Fp8Format::E4m3fnuz;
+        r.knobs.offsets = OffsetClass::Around4G;
+        r.knobs.big_output = false;
+        r.knobs.model_len_slack = 0;
+        r.knobs.values = ValueKind::Hostile;
+        r.knobs.format = Fp8Format::E4m3fnuz;
         for f in features_of(&r) {
             let b = f.benign(&r);
             assert!(

@@ -151,11 +151,10 @@ pub fn ablate(
                 complete = false;
                 break 'features;
             }
-            let case = Recipe {
-                seed: benign.seed ^ draw.wrapping_mul(0x9E37_79B9_7F4A_7C15),
-                ..benign.clone()
-            }
-            .materialize();
+            let case = benign
+                .clone()
+                .with(|k| k.seed ^= draw.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+                .materialize();
             if case.validate().is_err() {
                 continue 'features;
             }
@@ -189,11 +188,10 @@ pub fn ablate(
             if Instant::now() >= deadline || crate::interrupt::requested() {
                 break;
             }
-            let case = Recipe {
-                seed: joint.seed ^ draw.wrapping_mul(0x9E37_79B9_7F4A_7C15),
-                ..joint.clone()
-            }
-            .materialize();
+            let case = joint
+                .clone()
+                .with(|k| k.seed ^= draw.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+                .materialize();
             if case.validate().is_err() {
                 break;
             }

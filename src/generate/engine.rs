@@ -38,7 +38,7 @@
 //! judges the engine's geometry (pool, strides, ids, batch, workspace) with fewer tokens
 //! in between.
 
-use super::recipe::{Padding, PoolRecipe, TableOrder, ValueKind};
+use super::recipe::{Knobs, Padding, PoolRecipe, TableOrder};
 use super::strategy::{weighted, Draw, LensDraw};
 use crate::case::ValueLayout;
 use crate::fp8::Fp8Format;
@@ -351,25 +351,16 @@ pub fn production(scale: f64) -> impl Strategy<Value = Draw> {
                     Platform::Gfx950 => (Fp8Format::E4m3fn, rocm_block, rocm_block > 1, None),
                 };
                 Draw {
-                    next_n,
-                    heads: 64,
-                    head_dim: 128,
-                    block_size,
+                    knobs: Knobs {
+                        block_size,
+                        format,
+                        table_order: order,
+                        padding,
+                        ..Knobs::production(next_n, seed)
+                    },
                     shuffle16,
-                    format,
                     lens: LensDraw::Explicit(lens),
                     per_token,
-                    model_len_slack: 0,
-                    out_stride_pad: 0,
-                    big_output: false,
-                    table_order: order,
-                    padding,
-                    surplus_blocks: 0,
-                    table_stride_pad: 0,
-                    kv_stride_pad: 0,
-                    offsets: super::recipe::OffsetClass::Low,
-                    values: ValueKind::Pipeline,
-                    seed,
                     engine: Some(EngineDraw {
                         model: m.name.to_string(),
                         max_model_len,

@@ -40,12 +40,12 @@ impl Epochs {
 pub fn pin(draw: &mut Draw, leader: &Draw, fields: &[CompileField]) {
     for f in fields {
         match f {
-            CompileField::NextN => draw.next_n = leader.next_n,
-            CompileField::Heads => draw.heads = leader.heads,
-            CompileField::HeadDim => draw.head_dim = leader.head_dim,
-            CompileField::BlockSize => draw.block_size = leader.block_size,
+            CompileField::NextN => draw.knobs.next_n = leader.knobs.next_n,
+            CompileField::Heads => draw.knobs.heads = leader.knobs.heads,
+            CompileField::HeadDim => draw.knobs.head_dim = leader.knobs.head_dim,
+            CompileField::BlockSize => draw.knobs.block_size = leader.knobs.block_size,
             CompileField::Layout => draw.shuffle16 = leader.shuffle16,
-            CompileField::Format => draw.format = leader.format,
+            CompileField::Format => draw.knobs.format = leader.knobs.format,
             CompileField::Lens2d => match (&draw.per_token, &leader.per_token) {
                 (Some(_), None) => draw.per_token = None,
                 (None, Some(p)) => draw.per_token = Some(p.clone()),
@@ -70,18 +70,21 @@ mod tests {
         let mut pick = || s.new_tree(&mut runner).unwrap().current();
         let leader = pick();
         let mut d = pick();
-        while d.heads == leader.heads || d.seed == leader.seed {
+        while d.knobs.heads == leader.knobs.heads || d.knobs.seed == leader.knobs.seed {
             d = pick();
         }
         let before = d.clone();
         pin(&mut d, &leader, &[CompileField::Heads, CompileField::NextN]);
-        assert_eq!((d.heads, d.next_n), (leader.heads, leader.next_n));
         assert_eq!(
-            d.head_dim, before.head_dim,
+            (d.knobs.heads, d.knobs.next_n),
+            (leader.knobs.heads, leader.knobs.next_n)
+        );
+        assert_eq!(
+            d.knobs.head_dim, before.knobs.head_dim,
             "other fields stay the case's own"
         );
         assert_eq!(d.lens, before.lens);
-        assert_eq!(d.seed, before.seed);
+        assert_eq!(d.knobs.seed, before.knobs.seed);
     }
 
     #[test]

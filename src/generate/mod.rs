@@ -10,5 +10,7 @@ pub mod recipe;
 pub mod strategy;
 mod values;
 
-pub use recipe::{LensRecipe, OffsetClass, Padding, PoolRecipe, Recipe, TableOrder, ValueKind};
+pub use recipe::{
+    Knobs, LensRecipe, OffsetClass, Padding, PoolRecipe, Recipe, TableOrder, ValueKind,
+};
 pub use strategy::{draw_strategy, Draw, Profile};

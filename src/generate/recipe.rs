@@ -127,17 +127,18 @@ pub enum LensRecipe {
     PerToken(Vec<Vec<usize>>),
 }
 
-/// Everything needed to build a case.
+/// The knobs a [`Draw`](super::Draw) draws and a [`Recipe`] keeps: the shape (but the
+/// batch and the value layout, which the draw only wishes for), every layout hazard
+/// and the value seed. One struct in both, so a new generator axis is one field here.
+/// Flattened into both: a recipe's JSON (`provenance.recipe` of corpus files) names
+/// these fields at its top level.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Recipe {
+pub struct Knobs {
     pub next_n: usize,
     pub heads: usize,
     pub head_dim: usize,
     pub block_size: usize,
-    pub layout: ValueLayout,
     pub format: Fp8Format,
-    /// Context lengths; their count is the batch.
-    pub lens: LensRecipe,
     /// Extra columns beyond the longest row (0: `ctx == max_model_len` for the longest).
     pub model_len_slack: usize,
     /// Output row stride beyond `max_model_len`, in elements.
@@ -158,20 +159,17 @@ pub struct Recipe {
     pub seed: u64,
 }
 
-impl Recipe {
-    /// A small recipe with every layout hazard switched on: 8 heads, D 64, block 16,
+impl Knobs {
+    /// Every layout hazard switched on at a small shape: 8 heads, D 64, block 16,
     /// e4m3fn, a permuted block table with `-1` padding, padded table/KV/output strides,
-    /// one surplus block and pipeline-quantized values. Tests and benchmarks start here
-    /// and change fields with struct-update syntax (`Recipe { heads: 32, ..small }`).
-    pub fn small(lens: Vec<usize>, next_n: usize, seed: u64) -> Recipe {
-        Recipe {
+    /// one surplus block and pipeline-quantized values.
+    pub fn small(next_n: usize, seed: u64) -> Knobs {
+        Knobs {
             next_n,
             heads: 8,
             head_dim: 64,
             block_size: 16,
-            layout: ValueLayout::Normal,
             format: Fp8Format::E4m3fn,
-            lens: LensRecipe::PerSequence(lens),
             model_len_slack: 5,
             out_stride_pad: 3,
             big_output: false,
@@ -187,10 +185,10 @@ impl Recipe {
     }
 
     /// The production shape of the engines (H 64, D 128, block 64, e4m3fn) with no
-    /// layout hazards: tight strides, zero table padding, no spare blocks. Benchmarks
-    /// time this one.
-    pub fn production(lens: Vec<usize>, next_n: usize, seed: u64) -> Recipe {
-        Recipe {
+    /// layout hazards: tight strides, zero table padding, no spare blocks, low offsets,
+    /// pipeline values.
+    pub fn production(next_n: usize, seed: u64) -> Knobs {
+        Knobs {
             heads: 64,
             head_dim: 128,
             block_size: 64,
@@ -200,8 +198,46 @@ impl Recipe {
             surplus_blocks: 0,
             table_stride_pad: 0,
             kv_stride_pad: 0,
+            ..Knobs::small(next_n, seed)
+        }
+    }
+}
+
+/// Everything needed to build a case: the knobs, the value layout and the lengths.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Recipe {
+    #[serde(flatten)]
+    pub knobs: Knobs,
+    pub layout: ValueLayout,
+    /// Context lengths; their count is the batch.
+    pub lens: LensRecipe,
+}
+
+impl Recipe {
+    /// A small recipe with every layout hazard switched on ([`Knobs::small`]), normal
+    /// value layout, one length per sequence. Tests and benchmarks start here and change
+    /// knobs with [`Recipe::with`] (`Recipe::small(..).with(|k| k.heads = 32)`).
+    pub fn small(lens: Vec<usize>, next_n: usize, seed: u64) -> Recipe {
+        Recipe {
+            knobs: Knobs::small(next_n, seed),
+            layout: ValueLayout::Normal,
+            lens: LensRecipe::PerSequence(lens),
+        }
+    }
+
+    /// The production shape of the engines with no layout hazards
+    /// ([`Knobs::production`]). Benchmarks time this one.
+    pub fn production(lens: Vec<usize>, next_n: usize, seed: u64) -> Recipe {
+        Recipe {
+            knobs: Knobs::production(next_n, seed),
             ..Recipe::small(lens, next_n, seed)
         }
+    }
+
+    /// This recipe with its knobs changed by `edit`.
+    pub fn with(mut self, edit: impl FnOnce(&mut Knobs)) -> Recipe {
+        edit(&mut self.knobs);
+        self
     }
 
     pub fn batch(&self) -> usize {
@@ -221,42 +257,36 @@ impl Recipe {
     /// Materializes the case. Panics only on recipes the strategies never produce
     /// (e.g. zero batch); generated recipes always validate.
     pub fn materialize(&self) -> Case {
-        let mut rng = rng_for(self.seed);
+        let k = &self.knobs;
+        let mut rng = rng_for(k.seed);
         let batch = self.batch();
         let shape = Shape {
             batch,
-            next_n: self.next_n,
-            heads: self.heads,
-            head_dim: self.head_dim,
-            block_size: self.block_size,
+            next_n: k.next_n,
+            heads: k.heads,
+            head_dim: k.head_dim,
+            block_size: k.block_size,
             layout: self.layout,
-            format: self.format,
+            format: k.format,
         };
-        let bs = self.block_size;
+        let bs = k.block_size;
         let longest = (0..batch).map(|b| self.seq_tokens(b)).max().unwrap_or(0);
-        let max_model_len = (longest + self.model_len_slack).max(1);
+        let max_model_len = (longest + k.model_len_slack).max(1);
         let used: Vec<usize> = (0..batch)
             .map(|b| self.seq_tokens(b).div_ceil(bs))
             .collect();
-        let max_blocks = used.iter().copied().max().unwrap_or(0) + self.surplus_blocks;
+        let max_blocks = used.iter().copied().max().unwrap_or(0) + k.surplus_blocks;
         let max_blocks = max_blocks.max(1);
-        let row_stride = max_blocks + self.table_stride_pad;
-        let layout = match self.offsets {
+        let row_stride = max_blocks + k.table_stride_pad;
+        let blocks = match k.offsets {
             OffsetClass::Pool(pool) => self.pool_layout(&pool, &used),
             _ => self.dense_layout(&shape, &used, &mut rng),
         };
-        let BlockLayout {
-            logical,
-            n_logical,
-            phys,
-            num_blocks,
-            kv_block_stride,
-            base,
-        } = layout;
-        let phys = |l: usize| phys[l];
+        let (base, n_logical, num_blocks) = (blocks.base, blocks.n_logical, blocks.num_blocks);
+        let phys = |l: usize| blocks.phys[l];
 
         let pad_value = |rng: &mut TestRng| -> i64 {
-            match self.padding {
+            match k.padding {
                 Padding::Zero => 0,
                 Padding::MinusOne => -1,
                 Padding::Huge => i32::MAX as i64,
@@ -268,7 +298,7 @@ impl Recipe {
             }
         };
         let mut entries = Vec::with_capacity(batch * row_stride);
-        for row in &logical {
+        for row in &blocks.logical {
             for j in 0..row_stride {
                 entries.push(if j < row.len() {
                     phys(row[j]) as i64
@@ -291,29 +321,29 @@ impl Recipe {
         let mut rows = shape.rows();
         // The output-offset axis: a row stride of 2^20 floats (max_model_len = 1<<20 in
         // AITER #4244) so a few hundred rows pass 2^31 bytes.
-        let out_row_stride = if self.big_output {
-            (max_model_len + self.out_stride_pad).max(1 << 20)
+        let out_row_stride = if k.big_output {
+            (max_model_len + k.out_stride_pad).max(1 << 20)
         } else {
-            max_model_len + self.out_stride_pad
+            max_model_len + k.out_stride_pad
         };
         let mut context_lens = context_lens;
         let mut shape = shape;
-        if self.big_output {
+        if k.big_output {
             // Prepend zero-length sequences until their rows alone cover 2^31 bytes, so
             // every row of the real sequences starts past 2 GiB (an int32 byte offset of
             // any of their stores overflows). Built in one pass: prepending one sequence
             // at a time is quadratic in the (possibly millions of) padding rows.
             let row_bytes = out_row_stride as u64 * 4;
             let pad_rows = (1u64 << 31).div_ceil(row_bytes) as usize;
-            let pad_seqs = pad_rows.div_ceil(self.next_n);
+            let pad_seqs = pad_rows.div_ceil(k.next_n);
             shape.batch += pad_seqs;
-            rows += pad_seqs * self.next_n;
+            rows += pad_seqs * k.next_n;
             match &mut context_lens {
                 ContextLens::PerSequence(v) => {
                     v.splice(0..0, std::iter::repeat_n(0, pad_seqs));
                 }
                 ContextLens::PerToken(v) => {
-                    v.splice(0..0, std::iter::repeat_n(vec![0; self.next_n], pad_seqs));
+                    v.splice(0..0, std::iter::repeat_n(vec![0; k.next_n], pad_seqs));
                 }
             }
             let pad: Vec<i64> = (0..pad_seqs * row_stride)
@@ -321,13 +351,13 @@ impl Recipe {
                 .collect();
             entries.splice(0..0, pad);
         }
-        let values = Values::draw(&shape, self.values, &mut rng, n_logical);
+        let values = Values::draw(&shape, k.values, &mut rng, n_logical);
         let mut kv = SparseKvCache::default();
         for (l, bytes) in values.blocks.into_iter().enumerate() {
             kv.blocks.insert(phys(l), bytes);
         }
         // Padding::Garbage may name an unreferenced id past num_blocks: keep it inside.
-        let num_blocks = if matches!(self.offsets, OffsetClass::Pool(_)) {
+        let num_blocks = if matches!(k.offsets, OffsetClass::Pool(_)) {
             num_blocks
         } else {
             num_blocks.max(base + n_logical as u64 + 2)
@@ -336,7 +366,7 @@ impl Recipe {
         Case {
             shape,
             num_blocks,
-            kv_block_stride,
+            kv_block_stride: blocks.kv_block_stride,
             context_lens,
             block_table: BlockTable {
                 max_blocks,
@@ -355,8 +385,8 @@ impl Recipe {
     /// offset class's byte offset, in a cache a few blocks larger than they need.
     fn dense_layout(&self, shape: &Shape, used: &[usize], rng: &mut TestRng) -> BlockLayout {
         let batch = used.len();
-        let kv_block_stride = shape.block_bytes() as u64 + self.kv_stride_pad;
-        let prefix = if self.table_order == TableOrder::SharedPrefix {
+        let kv_block_stride = shape.block_bytes() as u64 + self.knobs.kv_stride_pad;
+        let prefix = if self.knobs.table_order == TableOrder::SharedPrefix {
             used.iter().copied().min().unwrap_or(0).min(used[0])
         } else {
             0
@@ -378,7 +408,7 @@ impl Recipe {
         }
         let n_logical = next;
         let mut perm: Vec<usize> = (0..n_logical).collect();
-        match self.table_order {
+        match self.knobs.table_order {
             TableOrder::Permuted => {
                 for i in (1..perm.len()).rev() {
                     perm.swap(i, rng.random_range(0..=i));
@@ -388,7 +418,7 @@ impl Recipe {
             _ => {}
         }
         // Physical base so that the ids straddle the target byte offset.
-        let base: u64 = match self.offsets.target() {
+        let base: u64 = match self.knobs.offsets.target() {
             None => 0,
             Some(target) => {
                 let at = target / kv_block_stride;
@@ -420,7 +450,7 @@ impl Recipe {
             .iter()
             .map(|m| used[m.clone()].iter().copied().max().unwrap_or(0))
             .collect();
-        let prefix = if self.table_order == TableOrder::SharedPrefix {
+        let prefix = if self.knobs.table_order == TableOrder::SharedPrefix {
             need.iter().copied().min().unwrap_or(0)
         } else {
             0
@@ -438,7 +468,7 @@ impl Recipe {
             fresh.push((n - shared) as u64);
             per_request.push(row);
         }
-        let ids = super::pool::allocate(pool, &fresh, &mut rng_for(self.seed ^ POOL_SALT));
+        let ids = super::pool::allocate(pool, &fresh, &mut rng_for(self.knobs.seed ^ POOL_SALT));
         let mut phys = vec![0u64; next];
         for (g, row) in per_request.iter().enumerate() {
             let own = if g > 0 { prefix.min(row.len()) } else { 0 };

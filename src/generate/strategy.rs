@@ -9,10 +9,10 @@
 //! sequences), which is what makes shrunk cases minimal.
 
 use super::engine::{self, EngineDraw};
-use super::recipe::{LensRecipe, OffsetClass, Padding, Recipe, TableOrder, ValueKind};
+use super::recipe::{Knobs, LensRecipe, OffsetClass, Padding, Recipe, TableOrder, ValueKind};
 use crate::case::ValueLayout;
 use crate::fp8::Fp8Format;
-use crate::kernel::{BlockSizes, Capabilities};
+use crate::kernel::{Adjustment, Capabilities, Demands};
 use proptest::prelude::*;
 use serde::{Deserialize, Serialize};
 
@@ -85,29 +85,47 @@ pub enum LensDraw {
 /// Everything drawn for one case, before the kernel's capabilities are applied.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Draw {
-    pub next_n: usize,
-    pub heads: usize,
-    pub head_dim: usize,
-    pub block_size: usize,
+    #[serde(flatten)]
+    pub knobs: Knobs,
+    /// The shuffle16 value layout, where the block size and head dim allow it.
     pub shuffle16: bool,
-    pub format: Fp8Format,
     pub lens: LensDraw,
     /// Per-token (2-D) lengths: perturbations of the standard causal lengths.
     pub per_token: Option<Vec<i8>>,
-    pub model_len_slack: usize,
-    pub out_stride_pad: usize,
-    pub big_output: bool,
-    pub table_order: TableOrder,
-    pub padding: Padding,
-    pub surplus_blocks: usize,
-    pub table_stride_pad: usize,
-    pub kv_stride_pad: u64,
-    pub offsets: OffsetClass,
-    pub values: ValueKind,
-    pub seed: u64,
     /// The engine model of a production draw (`None` for the other profiles).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine: Option<EngineDraw>,
+}
+
+impl Draw {
+    /// A draw of the profiles without an engine model.
+    fn dense(knobs: Knobs, shuffle16: bool, lens: LensDraw, per_token: Option<Vec<i8>>) -> Draw {
+        Draw {
+            knobs,
+            shuffle16,
+            lens,
+            per_token,
+            engine: None,
+        }
+    }
+}
+
+/// The knobs of a drawn shape, every hazard off ([`Knobs::production`]'s).
+fn shaped(
+    next_n: usize,
+    heads: usize,
+    head_dim: usize,
+    block_size: usize,
+    format: Fp8Format,
+    seed: u64,
+) -> Knobs {
+    Knobs {
+        heads,
+        head_dim,
+        block_size,
+        format,
+        ..Knobs::production(next_n, seed)
+    }
 }
 
 fn len_spec(max: u16) -> impl Strategy<Value = LenSpec> {
@@ -180,7 +198,7 @@ pub fn draw_strategy_scaled(profile: Profile, k: u64, scale: f64) -> SBoxedStrat
         Profile::Hostile => prop_oneof![
             layout(true, k),
             production().prop_map(|mut d| {
-                d.values = ValueKind::Hostile;
+                d.knobs.values = ValueKind::Hostile;
                 d
             })
         ]
@@ -229,27 +247,15 @@ fn production() -> impl Strategy<Value = Draw> {
             (lens, per_token, slack),
             (order, padding, surplus),
             seed,
-        )| Draw {
-            next_n,
-            heads,
-            head_dim,
-            block_size,
-            shuffle16,
-            format,
-            lens,
-            per_token,
-            model_len_slack: slack,
-            out_stride_pad: 0,
-            big_output: false,
-            table_order: order,
-            padding,
-            surplus_blocks: surplus,
-            table_stride_pad: 0,
-            kv_stride_pad: 0,
-            offsets: OffsetClass::Low,
-            values: ValueKind::Pipeline,
-            seed,
-            engine: None,
+        )| {
+            let knobs = Knobs {
+                model_len_slack: slack,
+                table_order: order,
+                padding,
+                surplus_blocks: surplus,
+                ..shaped(next_n, heads, head_dim, block_size, format, seed)
+            };
+            Draw::dense(knobs, shuffle16, lens, per_token)
         },
     )
 }
@@ -374,27 +380,21 @@ fn layout(hostile: bool, k: u64) -> impl Strategy<Value = Draw> {
             (order, padding, surplus, tpad, kvpad),
             values,
             seed,
-        )| Draw {
-            next_n,
-            heads,
-            head_dim,
-            block_size,
-            shuffle16,
-            format,
-            lens,
-            per_token,
-            model_len_slack: slack,
-            out_stride_pad: out_pad,
-            big_output,
-            table_order: order,
-            padding,
-            surplus_blocks: surplus,
-            table_stride_pad: tpad,
-            kv_stride_pad: kvpad,
-            offsets,
-            values,
-            seed,
-            engine: None,
+        )| {
+            let knobs = Knobs {
+                model_len_slack: slack,
+                out_stride_pad: out_pad,
+                big_output,
+                table_order: order,
+                padding,
+                surplus_blocks: surplus,
+                table_stride_pad: tpad,
+                kv_stride_pad: kvpad,
+                offsets,
+                values,
+                ..shaped(next_n, heads, head_dim, block_size, format, seed)
+            };
+            Draw::dense(knobs, shuffle16, lens, per_token)
         },
     )
 }
@@ -432,72 +432,26 @@ impl Draw {
         let mut d = self.clone();
         // An engine runs MTP the kernel does not take natively as one row per token.
         let mut rows_per_request = 1;
-        if d.engine.is_some()
-            && caps
-                .iter()
-                .any(|c| d.next_n < c.next_n.0 || d.next_n > c.next_n.1)
-        {
-            rows_per_request = d.next_n;
-            d.next_n = 1;
+        let n = d.knobs.next_n;
+        if d.engine.is_some() && caps.iter().any(|c| n < c.next_n.0 || n > c.next_n.1) {
+            rows_per_request = n;
+            d.knobs.next_n = 1;
         }
         for c in caps {
-            if !c.formats.contains(&d.format) {
-                adjust.push(format!("format {}", d.format));
-                d.format = c.formats[0];
-            }
-            let shuffle_ok = c.layouts.contains(&ValueLayout::Shuffle16);
-            if d.shuffle16 && !shuffle_ok {
-                adjust.push("layout shuffle16".into());
-                d.shuffle16 = false;
-            }
-            if !d.shuffle16 && !c.layouts.contains(&ValueLayout::Normal) {
-                d.shuffle16 = true;
-            }
-            if let BlockSizes::List(v) = &c.block_sizes {
-                if !v.contains(&d.block_size) {
-                    adjust.push(format!("block_size {}", d.block_size));
-                    d.block_size = *v
-                        .iter()
-                        .min_by_key(|&&b| b.abs_diff(d.block_size))
-                        .unwrap_or(&64);
+            let mut fitted = d.demands();
+            for a in c.fit(&mut fitted) {
+                if !a.drops_a_hazard() {
+                    continue;
                 }
+                adjust.push(match a {
+                    // What the draw gives up is its offset class.
+                    Adjustment::KvBytes { .. } => format!("offsets {:?}", d.knobs.offsets),
+                    a => a.to_string(),
+                });
             }
-            if d.next_n < c.next_n.0 || d.next_n > c.next_n.1 {
-                adjust.push(format!("next_n {}", d.next_n));
-                d.next_n = d.next_n.clamp(c.next_n.0, c.next_n.1);
-            }
-            if let Some(h) = &c.heads {
-                if !h.contains(&d.heads) {
-                    adjust.push(format!("heads {}", d.heads));
-                    d.heads = *h.iter().min_by_key(|&&x| x.abs_diff(d.heads)).unwrap();
-                }
-            }
-            if let Some(h) = &c.head_dims {
-                if !h.contains(&d.head_dim) {
-                    adjust.push(format!("head_dim {}", d.head_dim));
-                    d.head_dim = *h.iter().min_by_key(|&&x| x.abs_diff(d.head_dim)).unwrap();
-                }
-            }
-            if d.per_token.is_some() && !c.lens_2d {
-                adjust.push("2-D context_lens".into());
-                d.per_token = None;
-            }
-            if d.per_token.is_none() && !c.lens_1d {
-                d.per_token = Some(vec![0]);
-            }
-            if d.values.is_hostile() && !c.hostile_values {
-                adjust.push("hostile values".into());
-                d.values = ValueKind::Pipeline;
-            }
-            if c.max_kv_bytes.is_some_and(|m| m < (1u64 << 33))
-                && d.offsets != OffsetClass::Low
-                && d.engine.is_none()
-            {
-                adjust.push(format!("offsets {:?}", d.offsets));
-                d.offsets = OffsetClass::Low;
-            }
+            d.take(&fitted);
         }
-        let layout = engine::layout_of(d.shuffle16, d.block_size, d.head_dim);
+        let layout = engine::layout_of(d.shuffle16, d.knobs.block_size, d.knobs.head_dim);
         if let Some(e) = &self.engine {
             let max_bytes = caps.iter().filter_map(|c| c.max_kv_bytes).min();
             return engine_recipe(&d, e, layout, rows_per_request, max_bytes, adjust);
@@ -505,7 +459,7 @@ impl Draw {
         let base: Vec<usize> = match &d.lens {
             LensDraw::Each(v) => v
                 .iter()
-                .map(|s| s.resolve(d.next_n, d.block_size, 4096))
+                .map(|s| s.resolve(d.knobs.next_n, d.knobs.block_size, 4096))
                 .collect(),
             LensDraw::AroundAverage { batch, avg, seed } => {
                 let mut rng = super::recipe::rng_for(*seed);
@@ -520,7 +474,7 @@ impl Draw {
             LensDraw::Skewed { short, long } => {
                 let mut v: Vec<usize> = short
                     .iter()
-                    .map(|s| s.resolve(d.next_n, d.block_size, 64))
+                    .map(|s| s.resolve(d.knobs.next_n, d.knobs.block_size, 64))
                     .collect();
                 v.insert(v.len() / 2, *long as usize);
                 v
@@ -528,29 +482,64 @@ impl Draw {
             LensDraw::AllZero { groups } => vec![0; 32 * *groups as usize],
             LensDraw::Explicit(v) => v.iter().map(|&x| x as usize).collect(),
         };
-        let n = d.next_n;
         let lens = causal_lens(&d, base);
         let recipe = Recipe {
-            next_n: n,
-            heads: d.heads,
-            head_dim: d.head_dim,
-            block_size: d.block_size,
+            knobs: d.knobs,
             layout,
-            format: d.format,
             lens,
-            model_len_slack: d.model_len_slack,
-            out_stride_pad: d.out_stride_pad,
-            big_output: d.big_output,
-            table_order: d.table_order,
-            padding: d.padding,
-            surplus_blocks: d.surplus_blocks,
-            table_stride_pad: d.table_stride_pad,
-            kv_stride_pad: d.kv_stride_pad,
-            offsets: d.offsets,
-            values: d.values,
-            seed: d.seed,
         };
         (recipe, adjust)
+    }
+}
+
+/// The device cache a dense draw at offsets past 2 GiB is counted as needing: its ids
+/// straddle 2^31 or 2^32 bytes, so the cache stays within 2^33.
+const HIGH_OFFSET_CACHE_BYTES: u64 = 1 << 33;
+
+impl Draw {
+    /// What this draw asks of a kernel. An engine draw asks for no cache size here: its
+    /// pool is sized to the kernels' memory when it is resolved.
+    fn demands(&self) -> Demands {
+        let k = &self.knobs;
+        let high = k.offsets != OffsetClass::Low && self.engine.is_none();
+        Demands {
+            format: k.format,
+            layout: if self.shuffle16 {
+                ValueLayout::Shuffle16
+            } else {
+                ValueLayout::Normal
+            },
+            block_size: k.block_size,
+            next_n: k.next_n,
+            heads: k.heads,
+            head_dim: k.head_dim,
+            lens_2d: self.per_token.is_some(),
+            hostile_values: k.values.is_hostile(),
+            kv_bytes: if high { HIGH_OFFSET_CACHE_BYTES } else { 0 },
+        }
+    }
+
+    /// Takes the demands a kernel fitted ([`Capabilities::fit`]): a dropped hazard
+    /// becomes the plain value (pipeline values, low offsets, 1-D lengths), 2-D lengths
+    /// asked for become the standard causal ones.
+    fn take(&mut self, fitted: &Demands) {
+        let before = self.demands();
+        let k = &mut self.knobs;
+        k.format = fitted.format;
+        k.block_size = fitted.block_size;
+        k.next_n = fitted.next_n;
+        k.heads = fitted.heads;
+        k.head_dim = fitted.head_dim;
+        self.shuffle16 = fitted.layout == ValueLayout::Shuffle16;
+        if fitted.lens_2d != before.lens_2d {
+            self.per_token = fitted.lens_2d.then(|| vec![0]);
+        }
+        if before.hostile_values && !fitted.hostile_values {
+            k.values = ValueKind::Pipeline;
+        }
+        if fitted.kv_bytes < before.kv_bytes {
+            k.offsets = OffsetClass::Low;
+        }
     }
 }
 
@@ -558,7 +547,7 @@ impl Draw {
 /// causal lengths `[ctx-N+1 … ctx]` perturbed by `per_token` (all-zero perturbations:
 /// the engine's form).
 fn causal_lens(d: &Draw, base: Vec<usize>) -> LensRecipe {
-    let n = d.next_n;
+    let n = d.knobs.next_n;
     match &d.per_token {
         None => LensRecipe::PerSequence(base),
         Some(p) => LensRecipe::PerToken(
@@ -589,11 +578,11 @@ fn engine_recipe(
     max_bytes: Option<u64>,
     mut adjust: Vec<String>,
 ) -> (Recipe, Vec<String>) {
-    let bs = d.block_size;
+    let bs = d.knobs.block_size;
     let mml = e.max_model_len;
-    let n = d.next_n * rows_per_request; // rows of one request
-    let mut pool = e.pool(bs, d.head_dim, max_bytes);
-    if pool != e.pool(bs, d.head_dim, None) {
+    let n = d.knobs.next_n * rows_per_request; // rows of one request
+    let mut pool = e.pool(bs, d.knobs.head_dim, max_bytes);
+    if pool != e.pool(bs, d.knobs.head_dim, None) {
         adjust.push("pool capped at the kernel's device memory".into());
     }
     let mut lens: Vec<usize> = match &d.lens {
@@ -644,27 +633,21 @@ fn engine_recipe(
         (width - need).min(16)
     };
     let recipe = Recipe {
-        next_n: d.next_n,
-        heads: d.heads,
-        head_dim: d.head_dim,
-        block_size: bs,
-        layout,
-        format: d.format,
-        lens: causal_lens(d, base),
-        model_len_slack: mml - longest,
-        out_stride_pad: match e.platform {
-            engine::Platform::Nvidia => mml.next_multiple_of(256) - mml,
-            engine::Platform::Gfx942 | engine::Platform::Gfx950 => 0,
+        knobs: Knobs {
+            model_len_slack: mml - longest,
+            out_stride_pad: match e.platform {
+                engine::Platform::Nvidia => mml.next_multiple_of(256) - mml,
+                engine::Platform::Gfx942 | engine::Platform::Gfx950 => 0,
+            },
+            big_output: false,
+            surplus_blocks: surplus,
+            table_stride_pad: 0,
+            kv_stride_pad: 0,
+            offsets: OffsetClass::Pool(pool),
+            ..d.knobs.clone()
         },
-        big_output: false,
-        table_order: d.table_order,
-        padding: d.padding,
-        surplus_blocks: surplus,
-        table_stride_pad: 0,
-        kv_stride_pad: 0,
-        offsets: OffsetClass::Pool(pool),
-        values: d.values,
-        seed: d.seed,
+        layout,
+        lens: causal_lens(d, base),
     };
     (recipe, adjust)
 }

@@ -94,43 +94,167 @@ impl Capabilities {
         }
     }
 
-    /// Why this kernel cannot run `case`, or `None` when it can.
+    /// Why this kernel cannot run `case`, or `None` when it can: the first change
+    /// [`Capabilities::fit`] would make to it.
     pub fn rejects(&self, case: &Case) -> Option<String> {
-        let s = &case.shape;
-        if !self.formats.contains(&s.format) {
-            return Some(format!("format {}", s.format));
+        let first = self.fit(&mut Demands::of_case(case)).into_iter().next();
+        first.map(|a| a.to_string())
+    }
+
+    /// Changes `d` to what this kernel takes, nearest first, and says what it changed
+    /// (empty: `d` fits). The one rule set of the capabilities: a case is rejected when
+    /// it would change ([`Capabilities::rejects`]), a draw is resolved into what it
+    /// becomes (`generate::Draw::resolve`).
+    pub fn fit(&self, d: &mut Demands) -> Vec<Adjustment> {
+        let mut changed = Vec::new();
+        if !self.formats.contains(&d.format) {
+            changed.push(Adjustment::Format(d.format));
+            d.format = self.formats[0];
         }
-        if !self.layouts.contains(&s.layout) {
-            return Some(format!("layout {}", s.layout.name()));
+        if !self.layouts.contains(&d.layout) {
+            changed.push(Adjustment::Layout(d.layout));
+            d.layout = self.layouts.first().copied().unwrap_or(d.layout);
         }
-        if !self.block_sizes.allows(s.block_size) {
-            return Some(format!("block_size {}", s.block_size));
+        if let BlockSizes::List(v) = &self.block_sizes {
+            if !v.contains(&d.block_size) {
+                changed.push(Adjustment::BlockSize(d.block_size));
+                d.block_size = *v
+                    .iter()
+                    .min_by_key(|&&b| b.abs_diff(d.block_size))
+                    .unwrap_or(&64);
+            }
         }
-        if s.next_n < self.next_n.0 || s.next_n > self.next_n.1 {
-            return Some(format!("next_n {}", s.next_n));
+        let (lo, hi) = self.next_n;
+        if d.next_n < lo || d.next_n > hi {
+            changed.push(Adjustment::NextN(d.next_n));
+            d.next_n = d.next_n.clamp(lo, hi);
         }
         if let Some(h) = &self.heads {
-            if !h.contains(&s.heads) {
-                return Some(format!("heads {}", s.heads));
+            if !h.contains(&d.heads) {
+                changed.push(Adjustment::Heads(d.heads));
+                d.heads = nearest(h, d.heads);
             }
         }
-        if let Some(d) = &self.head_dims {
-            if !d.contains(&s.head_dim) {
-                return Some(format!("head_dim {}", s.head_dim));
+        if let Some(h) = &self.head_dims {
+            if !h.contains(&d.head_dim) {
+                changed.push(Adjustment::HeadDim(d.head_dim));
+                d.head_dim = nearest(h, d.head_dim);
             }
         }
-        if case.context_lens.is_2d() && !self.lens_2d {
-            return Some("2-D context_lens".into());
+        if d.lens_2d && !self.lens_2d {
+            changed.push(Adjustment::Lens2d(true));
+            d.lens_2d = false;
         }
-        if !case.context_lens.is_2d() && !self.lens_1d {
-            return Some("1-D context_lens".into());
+        if !d.lens_2d && !self.lens_1d {
+            changed.push(Adjustment::Lens2d(false));
+            d.lens_2d = true;
         }
-        if let Some(m) = self.max_kv_bytes {
-            if case.kv_cache_bytes() > m {
-                return Some(format!("kv cache of {} bytes > {m}", case.kv_cache_bytes()));
+        if d.hostile_values && !self.hostile_values {
+            changed.push(Adjustment::HostileValues);
+            d.hostile_values = false;
+        }
+        if let Some(limit) = self.max_kv_bytes {
+            if d.kv_bytes > limit {
+                changed.push(Adjustment::KvBytes {
+                    bytes: d.kv_bytes,
+                    limit,
+                });
+                d.kv_bytes = limit;
             }
         }
-        None
+        changed
+    }
+}
+
+/// The value of `list` nearest to `x` (the first of two as near).
+fn nearest(list: &[usize], x: usize) -> usize {
+    *list.iter().min_by_key(|&&v| v.abs_diff(x)).unwrap()
+}
+
+/// What a case asks of a kernel, in the terms its [`Capabilities`] limit: what
+/// [`Capabilities::fit`] changes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Demands {
+    pub format: Fp8Format,
+    pub layout: ValueLayout,
+    pub block_size: usize,
+    pub next_n: usize,
+    pub heads: usize,
+    pub head_dim: usize,
+    /// Per-token (2-D) context lengths.
+    pub lens_2d: bool,
+    /// Hostile values (NaN codes, non-finite scales and weights).
+    pub hostile_values: bool,
+    /// Bytes of the device KV cache.
+    pub kv_bytes: u64,
+}
+
+impl Demands {
+    /// What `case` asks. A case does not record how its values were drawn, so it never
+    /// asks for hostile values: that rule holds for draws.
+    pub fn of_case(case: &Case) -> Demands {
+        let s = &case.shape;
+        Demands {
+            format: s.format,
+            layout: s.layout,
+            block_size: s.block_size,
+            next_n: s.next_n,
+            heads: s.heads,
+            head_dim: s.head_dim,
+            lens_2d: case.context_lens.is_2d(),
+            hostile_values: false,
+            kv_bytes: case.kv_cache_bytes(),
+        }
+    }
+}
+
+/// One change [`Capabilities::fit`] made: the value the kernel does not take.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Adjustment {
+    Format(Fp8Format),
+    Layout(ValueLayout),
+    BlockSize(usize),
+    NextN(usize),
+    Heads(usize),
+    HeadDim(usize),
+    /// Per-token (`true`) or per-sequence (`false`) context lengths.
+    Lens2d(bool),
+    HostileValues,
+    /// A KV cache of `bytes`, more than the kernel's `limit`.
+    KvBytes {
+        bytes: u64,
+        limit: u64,
+    },
+}
+
+impl Adjustment {
+    /// Whether the change takes a hazard away (a combination the campaign skipped, and
+    /// counts). Moving to the one value layout or length form a kernel takes, from the
+    /// plain one, takes nothing away.
+    pub fn drops_a_hazard(self) -> bool {
+        !matches!(
+            self,
+            Adjustment::Layout(ValueLayout::Normal) | Adjustment::Lens2d(false)
+        )
+    }
+}
+
+impl std::fmt::Display for Adjustment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Adjustment::Format(x) => write!(f, "format {x}"),
+            Adjustment::Layout(l) => write!(f, "layout {}", l.name()),
+            Adjustment::BlockSize(b) => write!(f, "block_size {b}"),
+            Adjustment::NextN(n) => write!(f, "next_n {n}"),
+            Adjustment::Heads(h) => write!(f, "heads {h}"),
+            Adjustment::HeadDim(d) => write!(f, "head_dim {d}"),
+            Adjustment::Lens2d(true) => f.write_str("2-D context_lens"),
+            Adjustment::Lens2d(false) => f.write_str("1-D context_lens"),
+            Adjustment::HostileValues => f.write_str("hostile values"),
+            Adjustment::KvBytes { bytes, limit } => {
+                write!(f, "kv cache of {bytes} bytes > {limit}")
+            }
+        }
     }
 }
 
@@ -308,5 +432,72 @@ impl From<OpenError> for Fatal {
             OpenError::Unknown(_) | OpenError::Invalid { .. } => Fatal::usage(e.to_string()),
             OpenError::Unavailable { .. } => Fatal::environment(e.to_string()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn demands() -> Demands {
+        Demands {
+            format: Fp8Format::E4m3fnuz,
+            layout: ValueLayout::Shuffle16,
+            block_size: 20,
+            next_n: 5,
+            heads: 40,
+            head_dim: 64,
+            lens_2d: true,
+            hostile_values: true,
+            kv_bytes: 1 << 33,
+        }
+    }
+
+    #[test]
+    fn fit_moves_every_demand_to_the_nearest_the_kernel_takes() {
+        let everything = Capabilities::everything(ScalePlacement::AfterReluSum);
+        let mut d = demands();
+        assert_eq!(everything.fit(&mut d), vec![], "a demand that fits stays");
+        assert_eq!(d, demands());
+        let narrow = Capabilities {
+            formats: vec![Fp8Format::E4m3fn],
+            layouts: vec![ValueLayout::Normal],
+            block_sizes: BlockSizes::List(vec![16, 64]),
+            next_n: (1, 2),
+            heads: Some(vec![32, 64]),
+            head_dims: Some(vec![128]),
+            lens_2d: false,
+            hostile_values: false,
+            max_kv_bytes: Some(1 << 32),
+            ..everything
+        };
+        let changed = narrow.fit(&mut d);
+        let words: Vec<String> = changed.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            words,
+            [
+                "format e4m3fnuz",
+                "layout shuffle16",
+                "block_size 20",
+                "next_n 5",
+                "heads 40",
+                "head_dim 64",
+                "2-D context_lens",
+                "hostile values",
+                "kv cache of 8589934592 bytes > 4294967296",
+            ]
+        );
+        let fitted = (d.block_size, d.next_n, d.heads, d.head_dim, d.lens_2d);
+        assert_eq!(fitted, (16, 2, 32, 128, false));
+        assert_eq!(narrow.fit(&mut d), vec![], "a fitted demand fits");
+        assert!(changed.iter().all(|a| a.drops_a_hazard()));
+        // Moving to the only layout a kernel takes drops nothing.
+        let shuffle_only = Capabilities {
+            layouts: vec![ValueLayout::Shuffle16],
+            ..narrow
+        };
+        let changed = shuffle_only.fit(&mut d);
+        assert_eq!(changed, vec![Adjustment::Layout(ValueLayout::Normal)]);
+        assert!(!changed[0].drops_a_hazard());
     }
 }

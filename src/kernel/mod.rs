@@ -19,8 +19,8 @@ pub mod plant;
 pub mod registry;
 
 pub use contract::{
-    compile_key_of, Accumulation, BlockSizes, Capabilities, CompileField, Kernel, KernelEntry,
-    OpenError, OutsideContract, RunError, RunInfo, WorkerReport,
+    compile_key_of, Accumulation, Adjustment, BlockSizes, Capabilities, CompileField, Demands,
+    Kernel, KernelEntry, OpenError, OutsideContract, RunError, RunInfo, WorkerReport,
 };
 pub use output::{OutputBuffer, GUARD_ELEMS, POISON_BITS};
 pub use plant::Plant;

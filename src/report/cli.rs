@@ -50,11 +50,7 @@ pub fn cmd_merge(dirs: &[PathBuf], out: &Path) -> Result<i32, Fatal> {
     if !missing.is_empty() {
         eprintln!(
             "mqa-fuzz: warning: shards missing from the merge: {}",
-            missing
-                .iter()
-                .map(|s| s.to_string())
-                .collect::<Vec<_>>()
-                .join(" ")
+            super::fold::shard_list(&missing)
         );
     }
     crate::outln!("{}", headline(&merged));

@@ -234,6 +234,12 @@ pub fn missing_shards(r: &Report) -> Vec<Shard> {
         .collect()
 }
 
+/// Shards as the reports list them: `0/4 2/4`.
+pub fn shard_list(shards: &[Shard]) -> String {
+    let v: Vec<String> = shards.iter().map(Shard::to_string).collect();
+    v.join(" ")
+}
+
 /// New (in `cand` only), fixed (in `base` only) and unchanged findings, by signature.
 pub fn diff(base: &Report, cand: &Report) -> ReportDiff {
     let base_sigs: BTreeSet<&str> = base.findings.iter().map(|f| f.signature.as_str()).collect();

@@ -5,6 +5,48 @@ use super::model::{KernelStats, Population, Report, Span};
 
 pub use crate::util::group;
 
+/// A ratio for a table cell: three decimals, `inf`, or `n/a` for NaN.
+pub fn ratio(x: f64) -> String {
+    if x.is_infinite() {
+        "inf".into()
+    } else if x.is_nan() {
+        "n/a".into()
+    } else {
+        format!("{x:.3}")
+    }
+}
+
+/// The counting columns of the kernels table, after the kernel's name; both
+/// `summary.md` and `index.html` show them ([`kernel_cells`] gives a kernel's).
+pub const KERNEL_COLUMNS: [&str; 8] = [
+    "cases",
+    "clean",
+    "with findings",
+    "skipped",
+    "guard redundant",
+    "rows",
+    "logits",
+    "max err/bound",
+];
+
+/// A kernel's cells under [`KERNEL_COLUMNS`].
+pub fn kernel_cells(k: &KernelStats) -> [String; 8] {
+    [
+        group(k.cases),
+        group(k.clean),
+        group(k.with_findings),
+        group(k.skipped),
+        format!(
+            "{}/{}",
+            group(k.guard.redundant_cases),
+            group(k.guard.cases)
+        ),
+        group(k.rows_checked),
+        group(k.logits_checked),
+        ratio(k.max_err_over_bound),
+    ]
+}
+
 fn plural(n: u64, one: &str, many: &str) -> String {
     format!("{} {}", group(n), if n == 1 { one } else { many })
 }

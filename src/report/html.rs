@@ -1,9 +1,8 @@
 //! `index.html`: the report people read. Self-contained: inline CSS, pictures inline as
 //! SVG, no scripts, nothing fetched — it opens from a CI artifact or an air-gapped box.
 
-use super::fold::missing_shards;
-use super::headline::{group, kernel_headline};
-use super::markdown::ratio;
+use super::fold::{missing_shards, shard_list};
+use super::headline::{kernel_cells, kernel_headline, KERNEL_COLUMNS};
 use super::model::{Finding, Report};
 use super::svg::{class_map_svg, escape, histogram_svg};
 use std::fmt::Write;
@@ -82,7 +81,11 @@ pub fn index_html(r: &Report) -> String {
             finding_html(&mut s, i, f);
         }
     }
-    s.push_str("<h2>Kernels</h2><table><tr><th>kernel</th><th>version</th><th>cases</th><th>clean</th><th>with findings</th><th>skipped</th><th>guard redundant</th><th>rows</th><th>logits</th><th>max err/bound</th><th>kernel s</th></tr>");
+    s.push_str("<h2>Kernels</h2><table><tr><th>kernel</th><th>version</th>");
+    for c in KERNEL_COLUMNS {
+        let _ = write!(s, "<th>{c}</th>");
+    }
+    s.push_str("<th>kernel s</th></tr>");
     for (name, k) in &r.per_kernel {
         let version = r
             .kernels
@@ -92,20 +95,14 @@ pub fn index_html(r: &Report) -> String {
             .unwrap_or_default();
         let _ = write!(
             s,
-            "<tr><td>{}</td><td>{}</td><td class=n>{}</td><td class=n>{}</td><td class=n>{}</td><td class=n>{}</td><td class=n>{}/{}</td><td class=n>{}</td><td class=n>{}</td><td class=n>{}</td><td class=n>{:.2}</td></tr>",
+            "<tr><td>{}</td><td>{}</td>",
             escape(name),
-            escape(&version),
-            group(k.cases),
-            group(k.clean),
-            group(k.with_findings),
-            group(k.skipped),
-            group(k.guard.redundant_cases),
-            group(k.guard.cases),
-            group(k.rows_checked),
-            group(k.logits_checked),
-            ratio(k.max_err_over_bound),
-            k.kernel_secs
+            escape(&version)
         );
+        for cell in kernel_cells(k) {
+            let _ = write!(s, "<td class=n>{}</td>", escape(&cell));
+        }
+        let _ = write!(s, "<td class=n>{:.2}</td></tr>", k.kernel_secs);
     }
     s.push_str("</table>");
     run_html(&mut s, r);
@@ -224,19 +221,11 @@ fn run_html(s: &mut String, r: &Report) {
         format!("shard {sh}")
     } else if !r.merged_shards.is_empty() {
         let missing = missing_shards(r);
-        let list: Vec<String> = r.merged_shards.iter().map(|x| x.to_string()).collect();
+        let list = shard_list(&r.merged_shards);
         if missing.is_empty() {
-            format!("merged: {}", list.join(" "))
+            format!("merged: {list}")
         } else {
-            format!(
-                "merged: {}; MISSING: {}",
-                list.join(" "),
-                missing
-                    .iter()
-                    .map(|x| x.to_string())
-                    .collect::<Vec<_>>()
-                    .join(" ")
-            )
+            format!("merged: {list}; MISSING: {}", shard_list(&missing))
         }
     } else {
         "not sharded".into()

@@ -1,22 +1,12 @@
 //! `summary.md`: the one-screen verdict (CI job summaries, PR comments).
 
-use super::fold::missing_shards;
-use super::headline::{group, headline};
+use super::fold::{missing_shards, shard_list};
+use super::headline::{group, headline, kernel_cells, KERNEL_COLUMNS};
 use super::model::Report;
 use std::fmt::Write;
 
 /// Findings listed by name; the rest are counted (all are in report.json / index.html).
 const MAX_LISTED: usize = 15;
-
-pub fn ratio(x: f64) -> String {
-    if x.is_infinite() {
-        "inf".into()
-    } else if x.is_nan() {
-        "n/a".into()
-    } else {
-        format!("{x:.3}")
-    }
-}
 
 /// `2026-11-30 00:53:20 UTC` (report.json keeps the raw Unix seconds); `—` for 0.
 pub fn utc_time(secs: u64) -> String {
@@ -61,14 +51,7 @@ pub fn summary_md(r: &Report) -> String {
             if missing.is_empty() {
                 format!(", {n} shards merged")
             } else {
-                format!(
-                    ", {n} shards merged, MISSING {}",
-                    missing
-                        .iter()
-                        .map(|s| s.to_string())
-                        .collect::<Vec<_>>()
-                        .join(" ")
-                )
+                format!(", {n} shards merged, MISSING {}", shard_list(&missing))
             }
         }
     };
@@ -89,22 +72,10 @@ pub fn summary_md(r: &Report) -> String {
         utc_time(r.started_unix),
         utc_time(r.finished_unix)
     );
-    let _ = writeln!(s, "| kernel | cases | clean | with findings | skipped | guard redundant | rows | logits | max err/bound |");
-    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(s, "| kernel | {} |", KERNEL_COLUMNS.join(" | "));
+    let _ = writeln!(s, "|---|{}", "---:|".repeat(KERNEL_COLUMNS.len()));
     for (name, k) in &r.per_kernel {
-        let _ = writeln!(
-            s,
-            "| `{name}` | {} | {} | {} | {} | {}/{} | {} | {} | {} |",
-            group(k.cases),
-            group(k.clean),
-            group(k.with_findings),
-            group(k.skipped),
-            group(k.guard.redundant_cases),
-            group(k.guard.cases),
-            group(k.rows_checked),
-            group(k.logits_checked),
-            ratio(k.max_err_over_bound)
-        );
+        let _ = writeln!(s, "| `{name}` | {} |", kernel_cells(k).join(" | "));
     }
     let _ = writeln!(s);
     for l in super::headline::throughput(r) {

@@ -19,11 +19,10 @@ use mqa_fuzz::shard::Shard;
 
 /// A small, valid recipe: permuted table with -1 padding, padded strides, pipeline values.
 pub fn recipe(lens: Vec<usize>, next_n: usize) -> Recipe {
-    Recipe {
-        heads: 4,
-        head_dim: 32,
-        ..Recipe::small(lens, next_n, 7)
-    }
+    Recipe::small(lens, next_n, 7).with(|k| {
+        k.heads = 4;
+        k.head_dim = 32;
+    })
 }
 
 /// Runs `name` on `case` with a fresh reference.
@@ -99,8 +98,8 @@ pub fn campaign_with(
         // Data in a format the kernel declares (fnuz-as-fn only takes e4m3fnuz).
         let mut r = recipe_for(seed);
         tweak(&mut r);
-        if !k.capabilities().formats.contains(&r.format) {
-            r.format = k.capabilities().formats[0];
+        if !k.capabilities().formats.contains(&r.knobs.format) {
+            r.knobs.format = k.capabilities().formats[0];
         }
         let case = r.materialize();
         report.counts.cases_generated += 1;

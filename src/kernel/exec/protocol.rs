@@ -531,28 +531,30 @@ pub fn run_info(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::generate::{LensRecipe, OffsetClass, Padding, Recipe, TableOrder, ValueKind};
+    use crate::generate::{Knobs, LensRecipe, OffsetClass, Padding, Recipe, TableOrder, ValueKind};
 
     fn case() -> Case {
         Recipe {
-            next_n: 2,
-            heads: 4,
-            head_dim: 32,
-            block_size: 16,
+            knobs: Knobs {
+                next_n: 2,
+                heads: 4,
+                head_dim: 32,
+                block_size: 16,
+                format: Fp8Format::E4m3fnuz,
+                model_len_slack: 3,
+                out_stride_pad: 5,
+                big_output: false,
+                table_order: TableOrder::Permuted,
+                padding: Padding::MinusOne,
+                surplus_blocks: 1,
+                table_stride_pad: 2,
+                kv_stride_pad: 12,
+                offsets: OffsetClass::Around2G,
+                values: ValueKind::Pipeline,
+                seed: 3,
+            },
             layout: ValueLayout::Shuffle16,
-            format: Fp8Format::E4m3fnuz,
             lens: LensRecipe::PerToken(vec![vec![20, 21], vec![0, 3]]),
-            model_len_slack: 3,
-            out_stride_pad: 5,
-            big_output: false,
-            table_order: TableOrder::Permuted,
-            padding: Padding::MinusOne,
-            surplus_blocks: 1,
-            table_stride_pad: 2,
-            kv_stride_pad: 12,
-            offsets: OffsetClass::Around2G,
-            values: ValueKind::Pipeline,
-            seed: 3,
         }
         .materialize()
     }
