@@ -579,12 +579,7 @@ impl Worker {
     }
 
     pub fn stderr_tail(&self) -> String {
-        let t = self.stderr.lock().unwrap_or_else(|e| e.into_inner());
-        let bytes: Vec<u8> = t.iter().copied().collect();
-        let text = String::from_utf8_lossy(&bytes);
-        let lines: Vec<&str> = text.lines().collect();
-        let keep = &lines[lines.len().saturating_sub(20)..];
-        keep.join("\n")
+        tail_text(&self.stderr)
     }
 }
 
@@ -651,15 +646,18 @@ impl Source {
     }
 }
 
+/// The last 20 lines of a stderr tail.
+fn tail_text(tail: &Tail) -> String {
+    let t = tail.lock().unwrap_or_else(|e| e.into_inner());
+    let bytes: Vec<u8> = t.iter().copied().collect();
+    let text = String::from_utf8_lossy(&bytes);
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(20)..].join("\n")
+}
+
 /// `e` with the last lines of `tail` appended (what the process said before failing).
 fn with_tail(e: RunError, tail: &Tail, what: &str) -> RunError {
-    let text = {
-        let t = tail.lock().unwrap_or_else(|e| e.into_inner());
-        let bytes: Vec<u8> = t.iter().copied().collect();
-        let s = String::from_utf8_lossy(&bytes).into_owned();
-        let lines: Vec<&str> = s.lines().collect();
-        lines[lines.len().saturating_sub(20)..].join("\n")
-    };
+    let text = tail_text(tail);
     let add = |m: String| {
         if text.is_empty() {
             format!("{m} ({what})")
