@@ -512,11 +512,18 @@ fn a_forked_worker_killed_mid_case_is_a_crash_and_the_next_life_runs_on() {
     }
 }
 
+/// An empty scratch directory of this test process.
+fn fresh_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("mqa-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
 /// The shape-epoch key fields of every generated case of a `--cases 48` campaign of the
 /// numpy adapter declaring `compile_key` (empty: none), with `extra` arguments.
 fn epoch_keys(name: &str, compile_key: &str, extra: &[&str]) -> Vec<(u64, u64, u64)> {
-    let dir = std::env::temp_dir().join(format!("mqa-epochs-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = fresh_dir(&format!("epochs-{name}"));
     let script = format!("{FAKES}/../numpy_adapter.py");
     let kernel = match compile_key {
         "" => format!("exec:python3 {script}"),
@@ -607,9 +614,7 @@ fn shape_epochs_group_cases_by_the_declared_compile_key() {
 #[test]
 fn a_worker_that_cannot_restart_stops_the_campaign_but_keeps_its_findings() {
     require_python!("numpy");
-    let dir = std::env::temp_dir().join(format!("mqa-norestart-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = fresh_dir("norestart");
     let script = dir.join("w.sh");
     let flag = dir.join("started");
     std::fs::write(
@@ -679,9 +684,7 @@ fn a_worker_that_cannot_restart_stops_the_campaign_but_keeps_its_findings() {
 #[test]
 fn a_fork_server_whose_lives_fail_falls_back_to_plain_workers() {
     require_python!("numpy");
-    let dir = std::env::temp_dir().join(format!("mqa-forkfail-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = fresh_dir("forkfail");
     let script = dir.join("adapter.py");
     std::fs::write(
         &script,
