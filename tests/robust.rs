@@ -513,8 +513,8 @@ fn worker_refuses_kv_block_ids_that_do_not_match_the_blocks() {
 
     // A request with absurd dimensions is refused before any size is computed from them.
     let mut huge = req.clone();
-    huge.batch = usize::MAX / 2;
-    huge.next_n = 8;
+    huge.shape.batch = usize::MAX / 2;
+    huge.shape.next_n = 8;
     let e = read_case_file(&huge).unwrap_err();
     assert!(e.contains("batch"), "{e}");
 }

@@ -9,8 +9,7 @@
 
 use super::safetensors_stream::{self as st, Data};
 use super::shm::ShmTensors;
-use crate::case::{BlockTable, Case, ContextLens, Shape, SparseKvCache, ValueLayout};
-use crate::fp8::Fp8Format;
+use crate::case::{BlockTable, Case, ContextLens, Shape, SparseKvCache};
 use crate::kernel::{Capabilities, CompileField, OutputBuffer, RunError, RunInfo, GUARD_ELEMS};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -195,13 +194,9 @@ pub struct RunRequest {
     /// Version 2: the shared region and where each tensor lies in it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shm: Option<ShmTensors>,
-    pub batch: usize,
-    pub next_n: usize,
-    pub heads: usize,
-    pub head_dim: usize,
-    pub block_size: usize,
-    pub layout: ValueLayout,
-    pub format: Fp8Format,
+    /// `batch`, `next_n`, `heads`, `head_dim`, `block_size`, `layout`, `format`.
+    #[serde(flatten)]
+    pub shape: Shape,
     pub num_blocks: u64,
     pub kv_block_stride: u64,
     /// `num_blocks * kv_block_stride`: the device cache the worker allocates.
@@ -244,13 +239,7 @@ impl RunRequest {
             case: case_path,
             output,
             shm,
-            batch: s.batch,
-            next_n: s.next_n,
-            heads: s.heads,
-            head_dim: s.head_dim,
-            block_size: s.block_size,
-            layout: s.layout,
-            format: s.format,
+            shape: s.clone(),
             num_blocks: case.num_blocks,
             kv_block_stride: case.kv_block_stride,
             kv_cache_bytes: case.kv_cache_bytes(),
@@ -409,15 +398,7 @@ pub fn read_case(
     what: &str,
 ) -> Result<(Case, OutputBuffer), String> {
     let at = |e: String| format!("{what}: {e}");
-    let shape = Shape {
-        batch: req.batch,
-        next_n: req.next_n,
-        heads: req.heads,
-        head_dim: req.head_dim,
-        block_size: req.block_size,
-        layout: req.layout,
-        format: req.format,
-    };
+    let shape = req.shape.clone();
     // Dimensions first: the sizes below are computed from them (no overflow, no
     // absurd allocation from a hostile request).
     let dims = Case {
@@ -531,6 +512,8 @@ pub fn run_info(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::case::ValueLayout;
+    use crate::fp8::Fp8Format;
     use crate::generate::{Knobs, LensRecipe, OffsetClass, Padding, Recipe, TableOrder, ValueKind};
 
     fn case() -> Case {
