@@ -398,6 +398,7 @@ impl Book {
                 &verdict,
             )
         };
+        // The same call as for a generated finding (its arguments, not its logic, repeat).
         let mut finding = self.finding(
             ctx,
             &subject,

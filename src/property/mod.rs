@@ -511,7 +511,8 @@ impl PropertyStats {
         }
     }
 
-    /// Folds `b` into `self` (shards).
+    /// Folds `b` into `self` (shards). Field-by-field sums, like `KernelStats`'s `+=`:
+    /// deliberate boilerplate (each struct merges its own fields).
     pub fn merge(&mut self, b: &PropertyStats) {
         self.repeat = self.repeat.max(b.repeat);
         for p in Property::ALL {

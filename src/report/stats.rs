@@ -81,6 +81,7 @@ pub(crate) fn add_map<K: Ord + Clone>(into: &mut BTreeMap<K, u64>, from: &BTreeM
 }
 
 impl AddAssign<&KernelStats> for KernelStats {
+    // Field-by-field sums, like `PropertyStats::merge`: deliberate boilerplate.
     fn add_assign(&mut self, k: &KernelStats) {
         self.cases += k.cases;
         self.clean += k.clean;
