@@ -368,7 +368,7 @@ pub fn shrunk_words(f: &super::model::Finding) -> String {
     }
 }
 
-/// `shrink 12.3 s (at most 30% of the budget: 18.0 s; 2 findings cut short: share
+/// `shrink 12.3 s (at most 30% of the budget: 18.0 s; 2 shrinks cut short: share
 /// spent 1, budget end 1)`.
 pub fn shrink_words(r: &Report) -> String {
     let (t, s) = (&r.timings, &r.shrinking);
@@ -384,7 +384,7 @@ pub fn shrink_words(r: &Report) -> String {
     if cut > 0 {
         notes.push(format!(
             "{} cut short: share spent {}, budget end {}",
-            plural(cut, "finding", "findings"),
+            plural(cut, "shrink", "shrinks"),
             s.cut_short_share,
             s.cut_short_budget_end
         ));

@@ -422,7 +422,8 @@ pub struct Shrinking {
     pub per_finding_secs: f64,
     /// The floor's pool (merged: summed).
     pub floor_secs: f64,
-    /// Findings whose shrinking was cut short, by why.
+    /// Failures whose shrinking or ablation a cap stopped, by why (a failure shrunk so
+    /// may still turn out to be a finding already made: then only the count shows it).
     pub cut_short_share: u64,
     pub cut_short_budget_end: u64,
     /// Failures filed to a finding a corpus file holds shrunk (its saved signature, not
