@@ -270,6 +270,7 @@ fn check(case: &Case) {
         kernel_time: None,
         inputs_intact: Some(true),
         device_bytes: None,
+        queue_wait: None,
     };
     let cfg = OracleConfig::default();
     let v = oracle::judge(case, &reference, &caps, Ok((&info, &out)), &cfg);
@@ -308,7 +309,7 @@ fuzz_target!(|input: Input| {
             let draw = mqa_fuzz::campaign::value_tree(&strategy, seed).current();
             let chunked = kernel::open("cpu:chunked").unwrap();
             let (recipe, _) = draw.resolve(&[chunked.capabilities()]);
-            if recipe.big_output {
+            if recipe.knobs.big_output {
                 return; // 2 GiB output: the campaign covers it, too slow here
             }
             let case = recipe.materialize();
