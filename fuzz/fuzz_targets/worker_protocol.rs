@@ -33,9 +33,13 @@ fuzz_target!(|data: &[u8]| {
             region.ensure(file.len().max(1)).expect("region size");
             region.bytes_mut()[..file.len()].copy_from_slice(file);
             shm.path = region.path().to_string();
-            let mut src = ShmReader { region: &region, layout: &shm };
+            let mut src = ShmReader {
+                region: &region,
+                layout: &shm,
+            };
             if let Ok((case, out)) = protocol::read_case(&req, &mut src, "fuzz") {
-                case.validate().expect("a case the worker accepts validates");
+                case.validate()
+                    .expect("a case the worker accepts validates");
                 assert_eq!(out.interior().len(), case.rows() * case.out_row_stride);
             }
         }
