@@ -5,6 +5,7 @@
 //! backends, none of them imports it.
 
 pub mod gpu;
+pub mod judge;
 pub mod numpy;
 pub mod peak;
 pub mod reference;

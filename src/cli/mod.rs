@@ -158,6 +158,18 @@ pub enum Bench {
     /// logits/s (`bench oracle`: the old name, kept for scripts).
     #[command(alias = "oracle")]
     Gpu,
+    /// Time the CPU judge (the reference excluded) on the three production-like cases,
+    /// with a reduced-precision kernel's error profile: measuring every accepted
+    /// element's ratio exactly (the old judge) against the judge's pruned measure, in one
+    /// run, on one thread.
+    Judge {
+        /// Minimum seconds of repeats per timing.
+        #[arg(long, default_value_t = 1.0)]
+        min_seconds: f64,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// Runs the parsed command; returns the exit code.
@@ -194,6 +206,9 @@ pub fn dispatch(cli: Cli) -> Result<i32, Fatal> {
             json,
         } => replay::cmd_replay(&files, &kernels, topk, json),
         Command::Bench(Bench::Gpu) => crate::bench::gpu::bench_gpu(),
+        Command::Bench(Bench::Judge { min_seconds, json }) => {
+            crate::bench::judge::run_judge_bench(min_seconds, json)
+        }
         Command::GpuSelfcheck {
             cases,
             reference_cases,

@@ -218,6 +218,11 @@ pub struct OracleConfig {
     pub topk: usize,
     /// Offenders kept per class.
     pub max_examples: usize,
+    /// Judge as before `bench judge` existed: every accepted element whose error is a
+    /// noticeable part of its cheap bound measured against its full bound, each one
+    /// recomputed by the plain `reference::element`. The same verdict, many times
+    /// slower; kept for `bench judge` to compare against.
+    pub plain_judge: bool,
 }
 
 impl Default for OracleConfig {
@@ -225,6 +230,7 @@ impl Default for OracleConfig {
         OracleConfig {
             topk: 2048,
             max_examples: 4,
+            plain_judge: false,
         }
     }
 }
