@@ -11,8 +11,9 @@ use support::binary::{run, scratch};
 
 /// Five planted bugs at once: in the `all` profile its first findings are production
 /// cases whose shrink steps take a good part of a second each, so shrinking them all
-/// to the end takes far longer than the share below allows (19.4 s with
-/// `--shrink-share 100%` against the 2 s + 5 s allowed, when this test was written).
+/// to the end takes far longer than the share below allows (seed 7: 24.2 s with
+/// `--shrink-share 100%` against the 2 s + 5 s allowed, with the Philox generator's
+/// values).
 const MANY_BUGS: &str =
     "cpu:bug-mask-off-by-one+fnuz-as-fn+scale-before-relu+store-past-end+short-row-skipped";
 
@@ -41,7 +42,7 @@ fn shrinking_stays_within_its_share_of_the_budget_plus_one_floor() {
             "--shrink-budget",
             "10s",
             "--seed",
-            "3",
+            "7",
             "--corpus",
             "corpus",
             "--report",
@@ -60,9 +61,10 @@ fn shrinking_stays_within_its_share_of_the_budget_plus_one_floor() {
     let floor = s["floor_secs"].as_f64().unwrap();
     assert_eq!(floor, f64::min(5.0, per_finding));
     // The bound, plus the shrink steps in flight when the caps were reached (a step on a
-    // production case of this kernel takes a few tenths of a second on a loaded machine).
+    // production case of this kernel takes up to a second or two on a loaded machine: its
+    // output buffer is GiBs to allocate and poison).
     let shrink = r["timings"]["shrink_secs"].as_f64().unwrap();
-    let in_flight = 2.0;
+    let in_flight = 4.0;
     assert!(
         shrink <= budget * share + floor + in_flight,
         "shrinking took {shrink} s: {s}\n{out}"

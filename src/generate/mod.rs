@@ -5,10 +5,11 @@
 
 pub mod engine;
 pub mod epoch;
+pub mod philox;
 pub mod pool;
 pub mod recipe;
 pub mod strategy;
-mod values;
+pub(crate) mod values;
 
 pub use recipe::{
     Knobs, LensRecipe, OffsetClass, Padding, PoolRecipe, Recipe, TableOrder, ValueKind,

@@ -1,8 +1,9 @@
-//! Values: the counter-based RNG a recipe's seed keys, and the query, weight and KV
-//! block values of each [`ValueKind`] (pipeline quantisation, extremes, the relu edge,
-//! hostile codes). Each row and block draws from its own RNG, so the same recipe gives
-//! the same bytes on any number of threads.
+//! Values: the query, weight and KV block values of each [`ValueKind`] (pipeline
+//! quantisation, extremes, the relu edge, hostile codes). Each row and block draws
+//! from its own stream of the counter-based generator ([`super::philox`]), so the same
+//! recipe gives the same bytes on any number of threads, and on the device.
 
+use super::philox::{self, Stream};
 use super::recipe::ValueKind;
 use crate::case::{Case, Shape};
 use crate::fp8::Fp8Format;
@@ -22,49 +23,30 @@ pub fn rng_for(seed: u64) -> TestRng {
 /// threads would cost more than they save; the result is the same either way).
 const PARALLEL_DRAW_VALUES: usize = 1 << 16;
 
-/// One draw per seed, each from its own RNG, in order: on every core when `parallel`.
-fn per_seed<T: Send>(
-    seeds: &[u64],
+/// One draw per stream of `seed`, in order: on every core when `parallel`.
+fn per_stream<T: Send>(
+    seed: u64,
+    streams: &[u64],
     parallel: bool,
-    draw: impl Fn(&mut TestRng) -> T + Sync,
+    draw: impl Fn(&mut Stream) -> T + Sync,
 ) -> Vec<T> {
-    let one = |&seed: &u64| draw(&mut rng_for(seed));
+    let one = |&s: &u64| draw(&mut Stream::new(seed, s));
     if parallel {
-        seeds.par_iter().map(one).collect()
+        streams.par_iter().map(one).collect()
     } else {
-        seeds.iter().map(one).collect()
+        streams.iter().map(one).collect()
     }
 }
 
-pub(super) struct Values {
+pub(crate) struct Values {
     pub(super) q: Vec<u8>,
     pub(super) weights: Vec<f32>,
     pub(super) blocks: Vec<Vec<u8>>,
 }
 
-/// A standard normal draw (Box-Muller), rounded through bf16 as the model's tensors are.
-fn gauss_bf16(rng: &mut TestRng) -> f32 {
-    let u1: f64 = rng.random_range(f64::EPSILON..1.0);
-    let u2: f64 = rng.random::<f64>();
-    let g = (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos();
-    half::bf16::from_f64(g).to_f32()
-}
-
-/// ue8m0: the smallest power of two ≥ x.
-fn pow2_ceil(x: f64) -> f64 {
-    2f64.powi(x.log2().ceil() as i32)
-}
-
-/// Quantizes a vector as the pipeline does: scale = pow2_ceil(max(amax, 1e-4) / fp8max).
-fn quantize(format: Fp8Format, xs: &[f32]) -> (Vec<u8>, f32) {
-    let amax = xs.iter().fold(0f32, |m, x| m.max(x.abs())) as f64;
-    let scale = pow2_ceil(amax.max(1e-4) / format.max());
-    (
-        xs.iter()
-            .map(|&x| format.encode(x as f64 / scale, true))
-            .collect(),
-        scale as f32,
-    )
+/// The weights' model scale `1/sqrt(D·H)`, in f32 as the weights are.
+pub(crate) fn head_scale(shape: &Shape) -> f32 {
+    (shape.head_dim as f32).powf(-0.5) * (shape.heads as f32).powf(-0.5)
 }
 
 fn neg_code(format: Fp8Format, c: u8) -> u8 {
@@ -75,7 +57,7 @@ fn neg_code(format: Fp8Format, c: u8) -> u8 {
 }
 
 /// A random finite code of the format.
-fn finite_code(format: Fp8Format, rng: &mut TestRng) -> u8 {
+fn finite_code(format: Fp8Format, rng: &mut impl Rng) -> u8 {
     loop {
         let c = rng.next_u32() as u8;
         if !format.is_nan_code(c) {
@@ -94,14 +76,19 @@ impl Values {
         let (h, d, bs) = (shape.heads, shape.head_dim, shape.block_size);
         let rows = shape.rows();
         // Queries and weights, row by row, and keys, block by block: each from its own
-        // seed (drawn in order from the case's stream), so large cases are drawn on every
-        // core and the case is the same whatever the thread count.
-        let row_seeds: Vec<u64> = (0..rows).map(|_| rng.next_u64()).collect();
-        let block_seeds: Vec<u64> = (0..n_blocks).map(|_| rng.next_u64()).collect();
+        // stream of the value seed (the next word of the case's RNG), so large cases are
+        // drawn on every core and the case is the same whatever the thread count.
+        let seed = rng.next_u64();
         let parallel = (rows * h + n_blocks * bs) * d >= PARALLEL_DRAW_VALUES;
-        let drawn = per_seed(&row_seeds, parallel, |r| Values::draw_row(shape, kind, r));
-        let blocks = per_seed(&block_seeds, parallel, |r| {
-            Values::draw_block(shape, kind, r)
+        let row_streams: Vec<u64> = (0..rows as u64).collect();
+        let drawn = per_stream(seed, &row_streams, parallel, |st| {
+            Values::draw_row(shape, kind, st)
+        });
+        let block_streams: Vec<u64> = (0..n_blocks as u64)
+            .map(|i| philox::BLOCK_STREAM | i)
+            .collect();
+        let blocks = per_stream(seed, &block_streams, parallel, |st| {
+            Values::draw_block(shape, kind, st)
         });
         let mut q = Vec::with_capacity(rows * h * d);
         let mut weights = Vec::with_capacity(rows * h);
@@ -116,18 +103,24 @@ impl Values {
         v
     }
 
-    /// One row's queries (H x D codes) and head weights.
-    fn draw_row(shape: &Shape, kind: ValueKind, rng: &mut TestRng) -> (Vec<u8>, Vec<f32>) {
+    /// One row's queries (H x D codes) and head weights from its stream.
+    pub(crate) fn draw_row(
+        shape: &Shape,
+        kind: ValueKind,
+        rng: &mut Stream,
+    ) -> (Vec<u8>, Vec<f32>) {
         let (h, d, f) = (shape.heads, shape.head_dim, shape.format);
-        let head_scale = (d as f32).powf(-0.5) * (h as f32).powf(-0.5);
+        let head_scale = head_scale(shape);
         let mut q = Vec::with_capacity(h * d);
         let mut weights = Vec::with_capacity(h);
         for _ in 0..h {
-            let w_model = gauss_bf16(rng);
+            let w_model = rng.gauss();
             let (codes, q_scale) = match kind {
                 ValueKind::Pipeline | ValueKind::Hostile => {
-                    let xs: Vec<f32> = (0..d).map(|_| gauss_bf16(rng)).collect();
-                    quantize(f, &xs)
+                    let words: Vec<u32> = (0..d).map(|_| rng.next_word()).collect();
+                    let mut codes = Vec::with_capacity(d);
+                    let scale = philox::quantize_words(f, &words, &mut codes);
+                    (codes, scale)
                 }
                 ValueKind::UniformCodes => ((0..d).map(|_| finite_code(f, rng)).collect(), 1.0),
                 ValueKind::Extreme => ((0..d).map(|_| extreme_code(f, rng)).collect(), 1.0),
@@ -152,15 +145,17 @@ impl Values {
         (q, weights)
     }
 
-    /// One block of keys and their scales.
-    fn draw_block(shape: &Shape, kind: ValueKind, rng: &mut TestRng) -> Vec<u8> {
+    /// One block of keys and their scales from its stream.
+    pub(crate) fn draw_block(shape: &Shape, kind: ValueKind, rng: &mut Stream) -> Vec<u8> {
         let (d, bs, f) = (shape.head_dim, shape.block_size, shape.format);
         let mut block = vec![0u8; shape.block_bytes()];
         for p in 0..bs {
             let (codes, scale): (Vec<u8>, f32) = match kind {
                 ValueKind::Pipeline | ValueKind::Hostile => {
-                    let xs: Vec<f32> = (0..d).map(|_| gauss_bf16(rng)).collect();
-                    quantize(f, &xs)
+                    let words: Vec<u32> = (0..d).map(|_| rng.next_word()).collect();
+                    let mut codes = Vec::with_capacity(d);
+                    let scale = philox::quantize_words(f, &words, &mut codes);
+                    (codes, scale)
                 }
                 ValueKind::UniformCodes => (
                     (0..d).map(|_| finite_code(f, rng)).collect(),
@@ -244,7 +239,7 @@ impl Values {
     }
 }
 
-fn extreme_code(f: Fp8Format, rng: &mut TestRng) -> u8 {
+fn extreme_code(f: Fp8Format, rng: &mut impl Rng) -> u8 {
     let sign = if rng.random_bool(0.5) { 0x80 } else { 0 };
     let mag = match rng.random_range(0..4) {
         0 => f.max_code(),
@@ -260,6 +255,6 @@ fn extreme_code(f: Fp8Format, rng: &mut TestRng) -> u8 {
     }
 }
 
-fn positive_code(f: Fp8Format, rng: &mut TestRng) -> u8 {
+fn positive_code(f: Fp8Format, rng: &mut impl Rng) -> u8 {
     rng.random_range(1..=f.max_code())
 }
