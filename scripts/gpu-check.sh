@@ -7,7 +7,8 @@
 # CHECK       takes                      runs
 # quick       ~5 min, 1 GPU              `mqa-fuzz kernels`; `gpu-selfcheck` (the CUDA kernels against
 #                                        the CPU reference on random cases, every planted bug caught, the
-#                                        GPU reference bit-identical to the CPU, the production case in
+#                                        GPU reference bit-identical to the CPU, the device generator
+#                                        byte-identical to the CPU materialiser, the production case in
 #                                        time); `bench gpu`; the GPU integration tests (tests/cuda.rs);
 #                                        a 45 s cuda:tiled vs cpu:chunked campaign and a 60 s campaign on
 #                                        a planted bug (found, shrunk, saved)
@@ -30,9 +31,10 @@
 #                                        (200), each bug its own finding with trigger and tier
 # speed       ~2 min build + 4 x BUDGET  real-kernel speed, the old binary (OLD_BIN, default ./mqa-fuzz-old,
 #             (100 s) + 2 x 45 s, 1 GPU  with its adapters in OLD_ADAPTERS) beside this one on the same
-#                                        seeds: DeepGEMM over --profile all and --profile production, and
-#                                        cuda:tiled (an isolated worker) over --profile all; cases/s,
-#                                        restarts, compile time, tokens per case
+#                                        seeds: DeepGEMM over PROFILES (all production; none: skip
+#                                        DeepGEMM), and cuda:tiled (an isolated worker) over TILED_PROFILES
+#                                        (all); cases/s, restarts, compile time, tokens per case; then
+#                                        `bench judge` (the CPU judge, old and new, on this host)
 # all         ~60 min                    every check above
 #
 # Needs: an NVIDIA driver and NVRTC from CUDA 13 (docs/cuda.md); for production, deepgemm and
@@ -47,9 +49,9 @@
 # DeepGEMM sources into DIR; copy DIR over and run DIR/gpu-check.sh [CHECK...] there.
 #
 # Output: every check prints what it finds; logs, reports and saved cases go under $OUT
-# (default: a new temporary directory, printed). Knobs: CASES, REFERENCE_CASES, PROFILE,
+# (default: a new temporary directory, printed). Knobs: CASES, REFERENCE_CASES, GENERATOR_CASES, PROFILE,
 # RUN_BUDGET, BUG_BUDGET (quick); BUDGET, SEED, OLD_BIN (production); KERNELS (deepgemm);
-# BUDGET, SEED, OLD_BIN, OLD_ADAPTERS, PROFILES, TILED_BUDGET (0: none) (speed);
+# BUDGET, SEED, OLD_BIN, OLD_ADAPTERS, PROFILES, TILED_BUDGET (0: none), TILED_PROFILES (speed);
 # TORCH=0 skips the torch campaigns.
 set -u
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -161,7 +163,8 @@ bench() {
 check_quick() {
     machine
     "$B" kernels | grep -A1 '^cuda:naive\|^cuda:tiled '
-    "$B" gpu-selfcheck --cases "${CASES:-40}" --reference-cases "${REFERENCE_CASES:-40}" 2>&1 | tee "$W/logs/selfcheck.log"
+    "$B" gpu-selfcheck --cases "${CASES:-40}" --reference-cases "${REFERENCE_CASES:-40}" \
+        --generator-cases "${GENERATOR_CASES:-200}" 2>&1 | tee "$W/logs/selfcheck.log"
     echo "selfcheck exit ${PIPESTATUS[0]}"
     "$B" bench gpu 2>&1 | tee "$W/logs/bench-gpu.log"
     echo "bench exit ${PIPESTATUS[0]}"
@@ -311,20 +314,24 @@ PY
 # Real-kernel speed: the same campaigns on the old binary and this one, side by side.
 check_speed() {
     machine
-    deepgemm_env || return 3
     local old=${OLD_BIN:-$here/mqa-fuzz-old} olda=${OLD_ADAPTERS:-$here/external-old}
+    [ "${PROFILES:-}" = none ] || deepgemm_env || return 3
     local t=${BUDGET:-100} seed=${SEED:-9} p
     [ -x "$old" ] || echo "no old binary at $old: this binary alone"
     for p in ${PROFILES:-all production}; do
+        [ "$p" = none ] && continue
         [ -x "$old" ] && MQA_FUZZ_ADAPTERS="$olda" BIN="$old" \
             campaign "speed-old-dg-$p" --kernel deepgemm --profile "$p" --budget "$t" --seed "$seed"
         campaign "speed-new-dg-$p" --kernel deepgemm --profile "$p" --budget "$t" --seed "$seed"
     done
     local tt=${TILED_BUDGET:-45}
     if [ "$tt" != 0 ]; then
-        [ -x "$old" ] && BIN="$old" campaign speed-old-tiled --kernel cuda:tiled --profile all --budget "$tt" --seed "$seed"
-        campaign speed-new-tiled --kernel cuda:tiled --profile all --budget "$tt" --seed "$seed"
+        for p in ${TILED_PROFILES:-all}; do
+            [ -x "$old" ] && BIN="$old" campaign "speed-old-tiled-$p" --kernel cuda:tiled --profile "$p" --budget "$tt" --seed "$seed"
+            campaign "speed-new-tiled-$p" --kernel cuda:tiled --profile "$p" --budget "$tt" --seed "$seed"
+        done
     fi
+    "$B" bench judge 2>&1 | tee "$W/logs/bench-judge.log"
     python3 - "$W"/r/speed-* <<'PY'
 import json, os, statistics, sys
 for d in sys.argv[1:]:

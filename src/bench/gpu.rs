@@ -184,6 +184,7 @@ pub fn precompile(arch: &str) -> Result<usize, String> {
     };
     one(Program::Util, vec![])?;
     one(Program::Naive, vec![])?;
+    one(Program::Generate, vec![])?;
     for dd in [64, 128] {
         for tuning in ReferenceTuning::ALL {
             one(Program::Reference, tuning.defines(dd))?;
@@ -231,7 +232,7 @@ impl Small for Recipe {
     }
 }
 
-fn line(s: String) {
+pub(super) fn line(s: String) {
     crate::outln!("{s}");
 }
 
@@ -257,7 +258,11 @@ pub fn copy_bandwidth(bytes: u64) -> Result<f64, String> {
 }
 
 /// `mqa-fuzz gpu-selfcheck`: returns exit 0 when everything holds, 1 otherwise.
-pub fn selfcheck(cases: usize, reference_cases: usize) -> Result<i32, Fatal> {
+pub fn selfcheck(
+    cases: usize,
+    reference_cases: usize,
+    generator_cases: usize,
+) -> Result<i32, Fatal> {
     device::availability().map_err(Fatal::environment)?;
     let mut failures = 0usize;
     let info = with_gpu(|g| {
@@ -346,6 +351,9 @@ pub fn selfcheck(cases: usize, reference_cases: usize) -> Result<i32, Fatal> {
 
     // 3. GPU reference bit-identical to the CPU reference, in every tuning that fits.
     failures += reference_identity(reference_cases);
+
+    // 3b. The device generator draws the CPU materialiser's bytes.
+    failures += super::generator::identity(generator_cases);
 
     // 4. Production case: tiled correctness (judged against the cross-checked GPU
     //    reference) and time.

@@ -86,6 +86,9 @@ pub enum Command {
         /// old name, kept for scripts).
         #[arg(long, default_value_t = 60, alias = "oracle-cases")]
         reference_cases: usize,
+        /// Random shapes and value seeds for the device generator's byte-identity check.
+        #[arg(long, default_value_t = 200)]
+        generator_cases: usize,
     },
     /// Compiles every CUDA kernel variant into the disk cache (NVRTC only, no GPU needed).
     #[command(hide = true)]
@@ -212,7 +215,8 @@ pub fn dispatch(cli: Cli) -> Result<i32, Fatal> {
         Command::GpuSelfcheck {
             cases,
             reference_cases,
-        } => crate::bench::gpu::selfcheck(cases, reference_cases),
+            generator_cases,
+        } => crate::bench::gpu::selfcheck(cases, reference_cases, generator_cases),
         Command::GpuPrecompile { arch } => {
             let n = crate::bench::gpu::precompile(&arch).map_err(Fatal::environment)?;
             crate::outln!(

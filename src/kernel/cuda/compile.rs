@@ -20,14 +20,16 @@ pub enum Program {
     Naive,
     Tiled,
     Reference,
+    Generate,
 }
 
 impl Program {
-    pub const ALL: [Program; 4] = [
+    pub const ALL: [Program; 5] = [
         Program::Util,
         Program::Naive,
         Program::Tiled,
         Program::Reference,
+        Program::Generate,
     ];
 
     pub fn file(self) -> &'static str {
@@ -36,6 +38,7 @@ impl Program {
             Program::Naive => "naive.cu",
             Program::Tiled => "tiled.cu",
             Program::Reference => "reference.cu",
+            Program::Generate => "generate.cu",
         }
     }
 
@@ -45,6 +48,7 @@ impl Program {
             Program::Naive => include_str!("../../../kernels/naive.cu"),
             Program::Tiled => include_str!("../../../kernels/tiled.cu"),
             Program::Reference => include_str!("../../../kernels/reference.cu"),
+            Program::Generate => include_str!("../../../kernels/generate.cu"),
         }
     }
 }

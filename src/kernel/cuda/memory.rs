@@ -329,4 +329,4 @@ macro_rules! arg_ptr {
         }
     )*};
 }
-arg_ptr!(u64, u32, i32, Params);
+arg_ptr!(u64, u32, i32, i64, f32, Params);

@@ -16,6 +16,7 @@
 
 pub mod compile;
 pub mod device;
+pub mod generate;
 pub mod kernels;
 pub mod memory;
 pub mod reference;

@@ -1,0 +1,130 @@
+// The device twin of the value generator (src/generate/philox.rs, whose module comment
+// is the definition): Philox-4x32-10 words, bf16 Gaussians from the quantile table,
+// pipeline quantisation, fp8 encoding. Only integer and exactly rounded operations, so
+// these kernels give the bytes the CPU materialiser gives for the same seed.
+//
+// pipeline_rows:   one thread per (row, head): the head's weight word, then D query
+//                  words, of stream `row`.
+// pipeline_blocks: one thread per (block, token): D key words of stream BLOCK | block,
+//                  starting at word token * D; codes at the layout's offsets, then the
+//                  token's f32 scale after the block's values.
+
+#define BLOCK_STREAM 0x8000000000000000ULL
+
+__device__ __forceinline__ void philox4x32_10(unsigned int c[4], unsigned int k0, unsigned int k1) {
+    for (int round = 0; round < 10; ++round) {
+        if (round > 0) {
+            k0 += 0x9E3779B9u;
+            k1 += 0xBB67AE85u;
+        }
+        unsigned int hi0 = __umulhi(0xD2511F53u, c[0]), lo0 = 0xD2511F53u * c[0];
+        unsigned int hi1 = __umulhi(0xCD9E8D57u, c[2]), lo1 = 0xCD9E8D57u * c[2];
+        unsigned int n0 = hi1 ^ c[1] ^ k0, n2 = hi0 ^ c[3] ^ k1;
+        c[0] = n0;
+        c[1] = lo1;
+        c[2] = n2;
+        c[3] = lo0;
+    }
+}
+
+__device__ __forceinline__ unsigned int gen_word(unsigned long long seed, unsigned long long s,
+                                                 unsigned long long n) {
+    unsigned long long q = n >> 2;
+    unsigned int c[4] = {(unsigned int)q, (unsigned int)(q >> 32), (unsigned int)s,
+                         (unsigned int)(s >> 32)};
+    philox4x32_10(c, (unsigned int)seed, (unsigned int)(seed >> 32));
+    return c[n & 3];
+}
+
+__device__ __forceinline__ float gauss_bf16(unsigned int w, const unsigned short* table) {
+    unsigned int bits = (unsigned int)table[w & 4095u] | ((w >> 16) & 0x8000u);
+    return __uint_as_float(bits << 16);
+}
+
+__device__ __forceinline__ double pow2_ceil(double x) {
+    unsigned long long b = __double_as_longlong(x);
+    if ((b & ((1ULL << 52) - 1)) == 0) return x;
+    return __longlong_as_double((long long)((((b >> 52) & 0x7FF) + 1) << 52));
+}
+
+__device__ __forceinline__ double pow2i(int e) {
+    return __longlong_as_double((long long)((unsigned long long)(1023 + e) << 52));
+}
+
+// Round-to-nearest-even fp8 with saturation (src/fp8.rs `encode`, saturate = true).
+__device__ unsigned char fp8_encode(double x, int fnuz) {
+    int bias = fnuz ? 8 : 7;
+    int max_code = fnuz ? 0x7F : 0x7E;
+    double maxv = fnuz ? 240.0 : 448.0;
+    double top_ulp = fnuz ? 16.0 : 32.0;
+    bool negative = signbit(x);
+    double a = fabs(x);
+    double tie_above = maxv + top_ulp / 2.0;
+    int mag;
+    if (a > tie_above || (a == tie_above && (max_code & 1))) {
+        mag = max_code;
+    } else if (a >= maxv) {
+        mag = max_code;
+    } else if (a < pow2i(1 - bias)) {
+        mag = (int)rint(a * pow2i(bias + 2));
+    } else {
+        int e = (int)((__double_as_longlong(a) >> 52) & 0x7FF) - 1023;
+        int q = (int)rint(a * pow2i(3 - e));
+        mag = ((e + bias) << 3) + q - 8;
+    }
+    if (!negative) return (unsigned char)mag;
+    if (fnuz && mag == 0) return 0;
+    return (unsigned char)(mag | 0x80);
+}
+
+// One token's D values from consecutive words; codes and the f32 scale.
+__device__ float quantize_token(unsigned long long seed, unsigned long long s, unsigned long long n0,
+                                int d, int fnuz, const unsigned short* table, unsigned char* codes) {
+    float amax = 0.0f;
+    for (int j = 0; j < d; ++j) amax = fmaxf(amax, fabsf(gauss_bf16(gen_word(seed, s, n0 + j), table)));
+    double x = fmax((double)amax, 1e-4) / (fnuz ? 240.0 : 448.0);
+    double scale = pow2_ceil(x);
+    for (int j = 0; j < d; ++j) {
+        float g = gauss_bf16(gen_word(seed, s, n0 + j), table);
+        codes[j] = fp8_encode((double)g / scale, fnuz);
+    }
+    return (float)scale;
+}
+
+extern "C" __global__ void pipeline_rows(unsigned long long seed, int rows, int heads, int d, int fnuz,
+                                         float head_scale, const unsigned short* table,
+                                         unsigned char* q, float* weights) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long long)rows * heads) return;
+    int r = (int)(i / heads), h = (int)(i % heads);
+    unsigned long long n0 = (unsigned long long)h * (d + 1);
+    float w_model = gauss_bf16(gen_word(seed, (unsigned long long)r, n0), table);
+    float q_scale = quantize_token(seed, (unsigned long long)r, n0 + 1, d, fnuz, table,
+                                   q + i * d);
+    weights[i] = __fmul_rn(__fmul_rn(w_model, q_scale), head_scale);
+}
+
+extern "C" __global__ void pipeline_blocks(unsigned long long seed, int n_blocks, int block_size, int d,
+                                           int fnuz, int shuffle16, const unsigned short* table,
+                                           unsigned char* blocks, long long block_bytes) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long long)n_blocks * block_size) return;
+    long long b = i / block_size;
+    int p = (int)(i % block_size);
+    unsigned char codes[128];
+    unsigned char* blk = blocks + b * block_bytes;
+    float scale = quantize_token(seed, BLOCK_STREAM | (unsigned long long)b,
+                                 (unsigned long long)p * d, d, fnuz, table, codes);
+    for (int j = 0; j < d; ++j) {
+        long long off = shuffle16
+            ? (long long)(p / 16) * 16 * d + (j / 16) * 256 + (p % 16) * 16 + j % 16
+            : (long long)p * d + j;
+        blk[off] = codes[j];
+    }
+    unsigned int sb = __float_as_uint(scale);
+    long long so = (long long)block_size * d + 4LL * p;
+    blk[so] = sb & 0xFF;
+    blk[so + 1] = (sb >> 8) & 0xFF;
+    blk[so + 2] = (sb >> 16) & 0xFF;
+    blk[so + 3] = (sb >> 24) & 0xFF;
+}

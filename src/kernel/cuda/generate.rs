@@ -1,0 +1,125 @@
+//! The value generator on the device (kernels/generate.cu): pipeline queries, weights
+//! and KV blocks drawn straight into device memory from the case's value seed, the
+//! very bytes `generate::values` draws on the CPU (`gpu-selfcheck` compares them).
+
+use super::compile::Program;
+use super::device::{Gpu, GpuFailure};
+use super::memory::{failure, launch};
+use super::sys::DeviceMemory;
+use crate::case::{Shape, ValueLayout};
+use crate::fp8::Fp8Format;
+use crate::generate::philox;
+
+/// Why the device generator cannot draw a shape's tokens (a key token is staged in
+/// 128 bytes of registers).
+pub fn rejects(shape: &Shape) -> Option<String> {
+    (shape.head_dim > 128)
+        .then(|| format!("device generator takes D <= 128, got {}", shape.head_dim))
+}
+
+fn table(_gpu: &mut Gpu) -> Result<DeviceMemory, GpuFailure> {
+    let t = philox::gauss_table();
+    let mem = DeviceMemory::alloc(2 * t.len() as u64).map_err(failure)?;
+    mem.upload(0, &t[..]).map_err(failure)?;
+    Ok(mem)
+}
+
+fn fnuz(shape: &Shape) -> i32 {
+    (shape.format == Fp8Format::E4m3fnuz) as i32
+}
+
+/// Pipeline queries (`rows × H × D` codes) and weights (`rows × H`) of value seed `seed`.
+pub fn pipeline_rows(
+    gpu: &mut Gpu,
+    shape: &Shape,
+    seed: u64,
+) -> Result<(Vec<u8>, Vec<f32>), GpuFailure> {
+    let f = gpu
+        .function(Program::Generate, "pipeline_rows", &Vec::new())
+        .map_err(GpuFailure::Environment)?;
+    let (rows, h, d) = (shape.rows(), shape.heads, shape.head_dim);
+    let table = table(gpu)?;
+    let q = DeviceMemory::alloc((rows * h * d).max(1) as u64).map_err(failure)?;
+    let w = DeviceMemory::alloc((rows * h * 4).max(4) as u64).map_err(failure)?;
+    let threads = (rows * h) as u32;
+    let mut args = (
+        seed,
+        rows as i32,
+        h as i32,
+        d as i32,
+        fnuz(shape),
+        crate::generate::values::head_scale(shape),
+    );
+    launch(
+        &f,
+        (threads.div_ceil(128).max(1), 1, 1),
+        128,
+        0,
+        &mut [
+            &mut args.0,
+            &mut args.1,
+            &mut args.2,
+            &mut args.3,
+            &mut args.4,
+            &mut args.5,
+            &mut table.ptr(),
+            &mut q.ptr(),
+            &mut w.ptr(),
+        ],
+    )?;
+    gpu.ctx.synchronize().map_err(failure)?;
+    let mut qh = vec![0u8; rows * h * d];
+    let mut wh = vec![0f32; rows * h];
+    q.download(0, &mut qh).map_err(failure)?;
+    w.download(0, &mut wh).map_err(failure)?;
+    Ok((qh, wh))
+}
+
+/// The first `n_blocks` pipeline KV blocks of value seed `seed`, each `block_bytes()`.
+pub fn pipeline_blocks(
+    gpu: &mut Gpu,
+    shape: &Shape,
+    seed: u64,
+    n_blocks: usize,
+) -> Result<Vec<u8>, GpuFailure> {
+    let f = gpu
+        .function(Program::Generate, "pipeline_blocks", &Vec::new())
+        .map_err(GpuFailure::Environment)?;
+    let bytes = shape.block_bytes();
+    let table = table(gpu)?;
+    let out = DeviceMemory::alloc((n_blocks * bytes).max(1) as u64).map_err(failure)?;
+    // Bytes no token covers stay zero, as on the host.
+    out.upload(0, &vec![0u8; n_blocks * bytes])
+        .map_err(failure)?;
+    let threads = (n_blocks * shape.block_size) as u32;
+    let mut args = (
+        seed,
+        n_blocks as i32,
+        shape.block_size as i32,
+        shape.head_dim as i32,
+        fnuz(shape),
+        (shape.layout == ValueLayout::Shuffle16) as i32,
+        bytes as i64,
+    );
+    launch(
+        &f,
+        (threads.div_ceil(128).max(1), 1, 1),
+        128,
+        0,
+        &mut [
+            &mut args.0,
+            &mut args.1,
+            &mut args.2,
+            &mut args.3,
+            &mut args.4,
+            &mut args.5,
+            &mut table.ptr(),
+            &mut out.ptr(),
+            &mut args.6,
+        ],
+    )?;
+    gpu.ctx.synchronize().map_err(failure)?;
+    let mut host = vec![0u8; n_blocks * bytes];
+    out.download(0, &mut host).map_err(failure)?;
+    Ok(host)
+}
