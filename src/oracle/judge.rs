@@ -230,14 +230,16 @@ impl VerdictSink<'_> {
 }
 
 impl ElementSink for VerdictSink<'_> {
-    /// Only `max_err_over_bound` is kept, so the full bound is needed only where the
-    /// element could raise it (`err / lower ≥ err / full`), and then it is: the ratio
-    /// is exact. (The old judge measured only errors past a quarter of the cheap bound,
-    /// so a kernel whose errors all stayed below that read as "0.25".)
+    /// Only `max_err_over_bound` is kept, so of the errors past a quarter of the cheap
+    /// bound (measured against the full one, as a picture measures them) only those
+    /// that could raise the maximum are (`err / lower ≥ err / full`): the same ratio,
+    /// with far fewer D×H recomputations. Below a quarter the cheap bound measures (an
+    /// over-estimate, never above 0.25): an accurate kernel costs no recomputation.
     fn wants_full_bound(&self, err: f64, lower: f64) -> bool {
+        let noticeable = err > 0.25 * lower;
         match self.cfg.plain_judge {
-            true => err > 0.25 * lower,
-            false => err > self.v.metrics.max_err_over_bound * lower,
+            true => noticeable,
+            false => noticeable && err > self.v.metrics.max_err_over_bound * lower,
         }
     }
     fn plain_magnitudes(&self) -> bool {
