@@ -58,19 +58,29 @@ impl Trigger {
     /// less benign than the trigger's into its benign form, all at once, and re-runs:
     /// when the failure still shows, the tier is the trigger's (the least benign tier
     /// among its features; `production` for a bug that needs nothing special); when it
-    /// does not, the least benign tier of every feature the case has. Unchecked
-    /// (budget spent): the trigger's.
+    /// does not, the least benign tier of every feature the case has. Unchecked: the
+    /// trigger's when the ablation was complete; when it was cut short (budget spent),
+    /// a feature not tried may be needed, so the case's own least benign tier (a bug
+    /// whose ablation was cut short is never credited to a more benign tier than its
+    /// case shows).
     pub fn tier(&self, recipe: &Recipe) -> Tier {
-        self.checked_tier
-            .unwrap_or_else(|| tier_of(&self.features, recipe))
+        self.checked_tier.unwrap_or_else(|| match self.complete {
+            true => tier_of(&self.features, recipe),
+            false => tier_of(&features_of(recipe), recipe),
+        })
     }
 
-    /// `needs: KV byte offset ≥ 2^32; block size 1`, or `needs nothing special`.
+    /// `needs: KV byte offset ≥ 2^32; block size 1`, or `needs nothing special`; an
+    /// incomplete trigger says so.
     pub fn sentence(&self) -> String {
-        if self.sentences.is_empty() {
-            "needs nothing special".into()
-        } else {
-            format!("needs: {}", self.sentences.join("; "))
+        match (self.sentences.is_empty(), self.complete) {
+            (true, true) => "needs nothing special".into(),
+            (false, true) => format!("needs: {}", self.sentences.join("; ")),
+            (true, false) => "trigger not determined (ablation cut short)".into(),
+            (false, false) => format!(
+                "needs at least: {} (ablation cut short)",
+                self.sentences.join("; ")
+            ),
         }
     }
 }
@@ -207,4 +217,31 @@ pub fn ablate(
         }
     }
     (trigger, runs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::generate::recipe::ValueKind;
+
+    /// An ablation cut short before it tried anything claims no trigger and no benign
+    /// tier: a hostile-valued case stays hostile, and the sentence says why; a complete
+    /// ablation that found nothing needed is "needs nothing special", production.
+    #[test]
+    fn a_cut_short_ablation_keeps_the_case_tier() {
+        let mut r = Recipe::small(vec![5, 9], 1, 1);
+        r.knobs.values = ValueKind::Hostile;
+        assert!(features_of(&r).contains(&Feature::HostileValues));
+        let (cut, runs) = ablate(&r, &mut |_| Some(true), Instant::now());
+        assert_eq!(runs, 0);
+        assert!(!cut.complete);
+        assert_eq!(cut.tier(&r), Tier::Hostile);
+        assert_eq!(
+            cut.sentence(),
+            "trigger not determined (ablation cut short)"
+        );
+        let done = Trigger::new(&r, Vec::new(), true);
+        assert_eq!(done.tier(&r), Tier::Production);
+        assert_eq!(done.sentence(), "needs nothing special");
+    }
 }
