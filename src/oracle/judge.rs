@@ -97,25 +97,11 @@ impl Verdict {
         m.rows_checked += pm.rows_checked;
         m.max_abs_err = m.max_abs_err.max(pm.max_abs_err);
         m.max_err_over_bound = m.max_err_over_bound.max(pm.max_err_over_bound);
-        let (g, pg) = (&mut self.guard, part.guard);
-        g.nan += pg.nan;
-        g.pos_inf += pg.pos_inf;
-        g.neg_inf += pg.neg_inf;
-        g.rows_affected += pg.rows_affected;
-        let (o, po) = (&mut self.outside, part.outside);
-        o.elements += po.elements;
-        o.unwritten += po.unwritten;
-        o.nan += po.nan;
-        o.neg_inf += po.neg_inf;
-        o.pos_inf += po.pos_inf;
-        o.finite += po.finite;
+        self.guard += &part.guard;
+        self.outside += &part.outside;
         self.topk.rows_checked += part.topk.rows_checked;
         self.topk.rows_failed += part.topk.rows_failed;
-        let (h, ph) = (&mut self.hostile, part.hostile);
-        h.undefined += ph.undefined;
-        h.got_nan += ph.got_nan;
-        h.got_inf += ph.got_inf;
-        h.got_finite += ph.got_finite;
+        self.hostile += &part.hostile;
     }
 }
 

@@ -143,6 +143,36 @@ pub struct HostileStats {
     pub got_finite: u64,
 }
 
+/// Counts of later rows added (`redundant` is the caller's to recompute).
+impl std::ops::AddAssign<&GuardVerdict> for GuardVerdict {
+    fn add_assign(&mut self, o: &GuardVerdict) {
+        self.nan += o.nan;
+        self.pos_inf += o.pos_inf;
+        self.neg_inf += o.neg_inf;
+        self.rows_affected += o.rows_affected;
+    }
+}
+
+impl std::ops::AddAssign<&OutsideStats> for OutsideStats {
+    fn add_assign(&mut self, o: &OutsideStats) {
+        self.elements += o.elements;
+        self.unwritten += o.unwritten;
+        self.nan += o.nan;
+        self.neg_inf += o.neg_inf;
+        self.pos_inf += o.pos_inf;
+        self.finite += o.finite;
+    }
+}
+
+impl std::ops::AddAssign<&HostileStats> for HostileStats {
+    fn add_assign(&mut self, o: &HostileStats) {
+        self.undefined += o.undefined;
+        self.got_nan += o.got_nan;
+        self.got_inf += o.got_inf;
+        self.got_finite += o.got_finite;
+    }
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Metrics {
     /// Elements of V(r) compared against the reference.

@@ -4,7 +4,7 @@
 
 use super::compile::Program;
 use super::device::{Gpu, GpuFailure};
-use super::memory::{failure, launch};
+use super::memory::{failure, launch, ArgPtr};
 use super::sys::DeviceMemory;
 use crate::case::{Shape, ValueLayout};
 use crate::fp8::Fp8Format;
@@ -24,6 +24,21 @@ fn table(_gpu: &mut Gpu) -> Result<DeviceMemory, GpuFailure> {
     Ok(mem)
 }
 
+/// Launches kernel `name` of generate.cu with one thread per item, and waits for it.
+fn run(
+    gpu: &mut Gpu,
+    name: &str,
+    items: usize,
+    args: &mut [&mut dyn ArgPtr],
+) -> Result<(), GpuFailure> {
+    let f = gpu
+        .function(Program::Generate, name, &Vec::new())
+        .map_err(GpuFailure::Environment)?;
+    let blocks = (items as u32).div_ceil(128).max(1);
+    launch(&f, (blocks, 1, 1), 128, 0, args)?;
+    gpu.ctx.synchronize().map_err(failure)
+}
+
 fn fnuz(shape: &Shape) -> i32 {
     (shape.format == Fp8Format::E4m3fnuz) as i32
 }
@@ -34,14 +49,10 @@ pub fn pipeline_rows(
     shape: &Shape,
     seed: u64,
 ) -> Result<(Vec<u8>, Vec<f32>), GpuFailure> {
-    let f = gpu
-        .function(Program::Generate, "pipeline_rows", &Vec::new())
-        .map_err(GpuFailure::Environment)?;
     let (rows, h, d) = (shape.rows(), shape.heads, shape.head_dim);
     let table = table(gpu)?;
     let q = DeviceMemory::alloc((rows * h * d).max(1) as u64).map_err(failure)?;
     let w = DeviceMemory::alloc((rows * h * 4).max(4) as u64).map_err(failure)?;
-    let threads = (rows * h) as u32;
     let mut args = (
         seed,
         rows as i32,
@@ -50,11 +61,10 @@ pub fn pipeline_rows(
         fnuz(shape),
         crate::generate::values::head_scale(shape),
     );
-    launch(
-        &f,
-        (threads.div_ceil(128).max(1), 1, 1),
-        128,
-        0,
+    run(
+        gpu,
+        "pipeline_rows",
+        rows * h,
         &mut [
             &mut args.0,
             &mut args.1,
@@ -67,7 +77,6 @@ pub fn pipeline_rows(
             &mut w.ptr(),
         ],
     )?;
-    gpu.ctx.synchronize().map_err(failure)?;
     let mut qh = vec![0u8; rows * h * d];
     let mut wh = vec![0f32; rows * h];
     q.download(0, &mut qh).map_err(failure)?;
@@ -82,16 +91,12 @@ pub fn pipeline_blocks(
     seed: u64,
     n_blocks: usize,
 ) -> Result<Vec<u8>, GpuFailure> {
-    let f = gpu
-        .function(Program::Generate, "pipeline_blocks", &Vec::new())
-        .map_err(GpuFailure::Environment)?;
     let bytes = shape.block_bytes();
     let table = table(gpu)?;
     let out = DeviceMemory::alloc((n_blocks * bytes).max(1) as u64).map_err(failure)?;
     // Bytes no token covers stay zero, as on the host.
     out.upload(0, &vec![0u8; n_blocks * bytes])
         .map_err(failure)?;
-    let threads = (n_blocks * shape.block_size) as u32;
     let mut args = (
         seed,
         n_blocks as i32,
@@ -101,11 +106,10 @@ pub fn pipeline_blocks(
         (shape.layout == ValueLayout::Shuffle16) as i32,
         bytes as i64,
     );
-    launch(
-        &f,
-        (threads.div_ceil(128).max(1), 1, 1),
-        128,
-        0,
+    run(
+        gpu,
+        "pipeline_blocks",
+        n_blocks * shape.block_size,
         &mut [
             &mut args.0,
             &mut args.1,
@@ -118,7 +122,6 @@ pub fn pipeline_blocks(
             &mut args.6,
         ],
     )?;
-    gpu.ctx.synchronize().map_err(failure)?;
     let mut host = vec![0u8; n_blocks * bytes];
     out.download(0, &mut host).map_err(failure)?;
     Ok(host)
