@@ -60,11 +60,12 @@ fn shrinking_stays_within_its_share_of_the_budget_plus_one_floor() {
     );
     let floor = s["floor_secs"].as_f64().unwrap();
     assert_eq!(floor, f64::min(5.0, per_finding));
-    // The bound, plus the shrink steps in flight when the caps were reached (a step on a
-    // production case of this kernel takes up to a second or two on a loaded machine: its
-    // output buffer is GiBs to allocate and poison).
+    // The bound, plus the shrink steps in flight when the caps were reached: one per job
+    // (2 on the 2-core CI machine), and a step on a production case of this kernel takes
+    // up to ~3 s on a loaded machine (its output buffer is up to 4 GiB to allocate and
+    // poison). Unbounded, the same campaign shrinks for 24 s.
     let shrink = r["timings"]["shrink_secs"].as_f64().unwrap();
-    let in_flight = 4.0;
+    let in_flight = 6.0;
     assert!(
         shrink <= budget * share + floor + in_flight,
         "shrinking took {shrink} s: {s}\n{out}"
