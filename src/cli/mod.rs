@@ -162,9 +162,10 @@ pub enum Bench {
     #[command(alias = "oracle")]
     Gpu,
     /// Time the CPU judge (the reference excluded) on the three production-like cases,
-    /// with a reduced-precision kernel's error profile: measuring every accepted
-    /// element's ratio exactly (the old judge) against the judge's pruned measure, in one
-    /// run, on one thread.
+    /// with a reduced-precision and an accurate kernel's errors: the old judge (a plain
+    /// per-element recomputation of each noticeable error's full bound) against the
+    /// judge now, interleaved in one run on one thread, and the judge now on every
+    /// thread. Exits 1 if the two disagree.
     Judge {
         /// Minimum seconds of repeats per timing.
         #[arg(long, default_value_t = 1.0)]
