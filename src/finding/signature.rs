@@ -25,6 +25,11 @@ pub struct Trigger {
     /// Where the failure reproduces ([`ablate`]): `None` until checked, then the
     /// least benign tier the check needed.
     pub checked_tier: Option<Tier>,
+    /// The failing case itself ran clean on a re-run ([`ablate`]'s control runs): the
+    /// failure does not depend on the case alone (a worker that aborts every n-th
+    /// request, a race), so no feature is called necessary.
+    #[serde(default)]
+    pub flaky: bool,
 }
 
 impl Trigger {
@@ -50,6 +55,7 @@ impl Trigger {
             features,
             complete,
             checked_tier: None,
+            flaky: false,
         }
     }
 
@@ -76,6 +82,9 @@ impl Trigger {
         match (self.sentences.is_empty(), self.complete) {
             (true, true) => "needs nothing special".into(),
             (false, true) => format!("needs: {}", self.sentences.join("; ")),
+            (true, false) if self.flaky => {
+                "trigger not determined (the case does not fail on every run)".into()
+            }
             (true, false) => "trigger not determined (ablation cut short)".into(),
             (false, false) => format!(
                 "needs at least: {} (ablation cut short)",
@@ -137,6 +146,11 @@ pub fn shows(v: &Verdict, class: Class, reason: Option<&str>) -> bool {
 /// is not needed costs one run; a needed one costs all of them.
 const ABLATION_DRAWS: u64 = 16;
 
+/// Re-runs of the failing case itself before any feature is ablated: a failure that
+/// does not show on each of them does not depend on the case alone, and ablating it
+/// would call features necessary by chance (a benign form that happened to run clean).
+const CONTROL_RUNS: u32 = 2;
+
 /// Ablation: for each feature `recipe` has, its benign form is materialised and run
 /// (`still_fails`: `Some(true)` the failure still shows, `Some(false)` the case is
 /// clean, `None` inconclusive: the kernel skips the rewritten case, or it fails in
@@ -153,6 +167,18 @@ pub fn ablate(
     let mut needed = Vec::new();
     let mut runs = 0;
     let mut complete = true;
+    let case = recipe.materialize();
+    for _ in 0..CONTROL_RUNS {
+        if Instant::now() >= deadline || crate::interrupt::requested() {
+            return (Trigger::new(recipe, Vec::new(), false), runs);
+        }
+        runs += 1;
+        if still_fails(&case) == Some(false) {
+            let mut t = Trigger::new(recipe, Vec::new(), false);
+            t.flaky = true;
+            return (t, runs);
+        }
+    }
     'features: for f in features_of(recipe) {
         let benign = f.benign(recipe);
         let mut clean = false;
@@ -243,5 +269,32 @@ mod tests {
         let done = Trigger::new(&r, Vec::new(), true);
         assert_eq!(done.tier(&r), Tier::Production);
         assert_eq!(done.sentence(), "needs nothing special");
+    }
+
+    /// A failure that goes away when its own case is re-run (a worker that aborts every
+    /// n-th request) gets no trigger, so its findings share one identity; a case that
+    /// fails every time is ablated as before.
+    #[test]
+    fn a_failure_that_does_not_repeat_on_its_own_case_gets_no_trigger() {
+        let r = Recipe::small(vec![5, 9], 1, 1);
+        let far = Instant::now() + std::time::Duration::from_secs(60);
+        let mut n = 0;
+        let (t, _) = ablate(
+            &r,
+            &mut |_| {
+                n += 1;
+                Some(n % 5 == 0)
+            },
+            far,
+        );
+        assert!(t.flaky && !t.complete && t.features.is_empty(), "{t:?}");
+        assert_eq!(
+            t.sentence(),
+            "trigger not determined (the case does not fail on every run)"
+        );
+        // Deterministic: every benign form runs clean, so every feature is needed.
+        let (t, _) = ablate(&r, &mut |c| Some(*c == r.materialize()), far);
+        assert!(!t.flaky && t.complete, "{t:?}");
+        assert_eq!(t.features, features_of(&r));
     }
 }
