@@ -86,6 +86,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         kernel_time_us: Some(12.5),
         inputs_intact: Some(true),
         device_bytes: Some(4096),
+        phases_us: [("kernel".to_string(), 12.5)].into_iter().collect(),
     }
     .to_line()
     .into_bytes();

@@ -111,7 +111,7 @@ pub fn run_and_judge(
             environment_error: None,
         };
     }
-    let mut out = OutputBuffer::for_case(case);
+    let mut out = kernel.output_for(case);
     let setup = start.elapsed();
     let result = kernel.run(case, &mut out);
     // Waiting for a free worker is not the run's time.

@@ -66,7 +66,59 @@ fn served_kernel_matches_over(protocol: u64) {
             "outputs differ"
         );
         assert!(judge_once(&k, &case).is_clean());
+        // The harness's own output buffer for this kernel: in the shared region, written
+        // in place by the worker (protocol 2), with the same bytes.
+        let mut c = k.output_for(&case);
+        assert!(c.is_pristine());
+        let info = k.run(&case, &mut c).unwrap();
+        assert!(
+            c.raw()
+                .0
+                .iter()
+                .zip(rb)
+                .all(|(x, y)| x.to_bits() == y.to_bits()),
+            "in-place output differs"
+        );
+        if protocol == 2 {
+            assert!(
+                !info.phases.contains_key("harness: read output"),
+                "{info:?}"
+            );
+            assert!(
+                info.phases.contains_key("harness: write inputs"),
+                "{info:?}"
+            );
+            // Nothing to write back: the kernel wrote into the region.
+            assert!(info.phases["worker: write output"] < 0.05, "{info:?}");
+        }
     }
+    match protocol {
+        // One case alive at a time: one region, handed back and reused case after case.
+        2 => assert_eq!(k.spare_output_regions().map(|(n, _)| n), Some(1)),
+        _ => assert_eq!(k.spare_output_regions(), None),
+    }
+}
+
+/// A region whose worker crashed mid-case is not handed to the next case.
+#[test]
+fn a_crashed_case_does_not_give_its_region_back() {
+    let k = start("cpu:chunked", Some("crash-at=2"), Duration::from_secs(60));
+    let case = &cases()[0];
+    let mut a = k.output_for(case);
+    k.run(case, &mut a).unwrap();
+    drop(a);
+    assert_eq!(k.spare_output_regions().map(|(n, _)| n), Some(1));
+    let mut b = k.output_for(case);
+    assert!(matches!(k.run(case, &mut b), Err(RunError::Crash(_))));
+    drop(b);
+    assert_eq!(
+        k.spare_output_regions().map(|(n, _)| n),
+        Some(0),
+        "the crashed case's region was freed, not kept"
+    );
+    let mut c = k.output_for(case);
+    k.run(case, &mut c)
+        .expect("a fresh worker runs the next case");
 }
 
 #[test]

@@ -271,6 +271,7 @@ fn check(case: &Case) {
         inputs_intact: Some(true),
         device_bytes: None,
         queue_wait: None,
+        phases: Default::default(),
     };
     let cfg = OracleConfig::default();
     let v = oracle::judge(case, &reference, &caps, Ok((&info, &out)), &cfg);

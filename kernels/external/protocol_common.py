@@ -90,7 +90,10 @@ def write_safetensors(path, tensors):
 
 # ---- protocol 2: the shared region ---------------------------------------------------
 
-_REGION = {"path": None, "map": None}
+# path -> mapping: mqa-fuzz rotates a few regions (one per case in flight), each
+# mapped once and again only when it grew.
+_REGIONS = {}
+_REGIONS_KEPT = 16
 
 
 def chosen_protocol():
@@ -101,14 +104,16 @@ def chosen_protocol():
 
 
 def shm_tensors(shm):
-    """name -> numpy view of the request's shared region (mapped once; mapped again
-    only when it grew past the mapping or is another region)."""
+    """name -> numpy view of the request's shared region (each region mapped once;
+    mapped again only when it grew past the mapping)."""
     path, need = shm["path"], int(shm["bytes"])
-    m = _REGION["map"]
-    if _REGION["path"] != path or m is None or m.size < need:
-        _REGION["map"] = None
+    m = _REGIONS.get(path)
+    if m is None or m.size < need:
+        _REGIONS.pop(path, None)
+        if len(_REGIONS) >= _REGIONS_KEPT:
+            _REGIONS.pop(next(iter(_REGIONS)))
         m = np.memmap(path, dtype=np.uint8, mode="r+", shape=(need,))
-        _REGION.update(path=path, map=m)
+        _REGIONS[path] = m
     out = {}
     for name, info in shm["tensors"].items():
         dtype = np.dtype(_DTYPES[info["dtype"]])
@@ -167,6 +172,15 @@ class Case:
         self.shm_logits = t["logits"] if "shm" in req else None
         self.lens_2d = self.context_lens.ndim == 2
         self.block_bytes = self.block_size * (self.head_dim + 4)
+        # Every element of logits holds the poison (mqa-fuzz says so in the request).
+        self.logits_poisoned = bool(req.get("logits_poisoned", False))
+        # Seconds per phase of the call, reported as ``phases_us`` (see :meth:`phase`).
+        self.phases = {}
+
+    def phase(self, name):
+        """``with case.phase("upload"): ...`` adds the block's wall time to ``name`` in
+        the result's ``phases_us`` (where the call's time went, in the report)."""
+        return _Phase(self.phases, name)
 
     def interior(self):
         """``[rows, out_row_stride]`` view of the output inside the guards."""
@@ -209,6 +223,19 @@ class Case:
         for k, bid in enumerate(self.kv_ids):
             cache[int(bid) * s:int(bid) * s + self.block_bytes] = self.kv_blocks[k]
         return cache
+
+
+class _Phase:
+    def __init__(self, phases, name):
+        self.phases, self.name = phases, name
+
+    def __enter__(self):
+        self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        self.phases[self.name] = self.phases.get(self.name, 0.0) + time.perf_counter() - self.t0
+        return False
 
 
 class SparseDeviceView:
@@ -383,8 +410,11 @@ def serve(hello, run, fault_spec=None, out=None, inp=None):
             continue
         rid = req.get("id")
         try:
+            t0 = time.perf_counter()
             case = Case(req)
+            t1 = time.perf_counter()
             info = run(case) or {}
+            t2 = time.perf_counter()
             res = {"type": "result", "id": rid}
             if case.shm_logits is not None:
                 if case.logits is not case.shm_logits:
@@ -393,6 +423,11 @@ def serve(hello, run, fault_spec=None, out=None, inp=None):
                 write_safetensors(req["output"], {"logits": case.logits})
                 res["output"] = req["output"]
             res.update({k: v for k, v in info.items() if k in ("kernel_time_us", "inputs_intact", "device_bytes")})
+            phases = dict(case.phases)
+            phases["worker: read case"] = t1 - t0
+            phases["worker: run (rest)"] = max(0.0, t2 - t1 - sum(case.phases.values()))
+            phases["worker: write output"] = time.perf_counter() - t2
+            res["phases_us"] = {k: v * 1e6 for k, v in phases.items()}
             send(out, res)
         except Crash as e:
             send(out, {"type": "error", "id": rid, "kind": "crash", "message": str(e)})

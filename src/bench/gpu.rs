@@ -578,6 +578,7 @@ fn bench_one(label: &str, case: &Case, cfg: &OracleConfig) -> Result<bool, Strin
         inputs_intact: Some(true),
         device_bytes: None,
         queue_wait: None,
+        phases: Default::default(),
     };
     let v = crate::oracle::judge(case, gref, k.capabilities(), Ok((&info, &out)), cfg);
     line(format!(

@@ -271,6 +271,11 @@ pub struct RunInfo {
     /// more cases in flight than workers); not part of the run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue_wait: Option<Duration>,
+    /// Where the call's time went, in seconds per phase (a worker's `phases_us`, the
+    /// harness's own copies into and out of the worker's region): `upload`, `kernel`,
+    /// `download`, ... Summed per kernel in the report.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub phases: std::collections::BTreeMap<String, f64>,
 }
 
 /// Why a run produced no output.
@@ -400,7 +405,13 @@ pub trait Kernel: Send + Sync {
     fn worker_report(&self) -> Option<WorkerReport> {
         None
     }
-    /// Runs the case into `out` (poisoned, guarded, owned by the harness).
+    /// The poisoned, guarded buffer the harness runs `case` into: on the heap, or where
+    /// the kernel can fill it without a copy (a worker pool's shared memory).
+    fn output_for(&self, case: &Case) -> OutputBuffer {
+        OutputBuffer::for_case(case)
+    }
+    /// Runs the case into `out` (poisoned, guarded, owned by the harness; made by
+    /// [`Self::output_for`] or on the heap).
     fn run(&self, case: &Case, out: &mut OutputBuffer) -> Result<RunInfo, RunError>;
 }
 

@@ -22,6 +22,6 @@ pub use contract::{
     compile_key_of, Accumulation, Adjustment, BlockSizes, Capabilities, CompileField, Demands,
     Kernel, KernelEntry, OpenError, OutsideContract, RunError, RunInfo, WorkerReport,
 };
-pub use output::{OutputBuffer, GUARD_ELEMS, POISON_BITS};
+pub use output::{OutputBuffer, OutputStorage, GUARD_ELEMS, POISON_BITS};
 pub use plant::Plant;
 pub use registry::{default_kernel_name, is_planted_bug, open, registry};

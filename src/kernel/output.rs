@@ -47,14 +47,59 @@ fn poisoned(n: usize) -> Vec<f32> {
     v
 }
 
-#[derive(Clone, Debug)]
+/// Memory an output buffer can live in other than a heap allocation of its own: a
+/// worker pool's shared region, which the worker writes in place, so that the output
+/// never crosses between the processes as a copy.
+pub trait OutputStorage: Send + Sync {
+    /// The elements (at least the buffer's length; the buffer uses a prefix).
+    fn elems(&self) -> &[f32];
+    fn elems_mut(&mut self) -> &mut [f32];
+    /// For the kernel that made it to recognise its own storage.
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any;
+}
+
+enum Storage {
+    Heap(Vec<f32>),
+    /// The first `len` elements of the storage.
+    Shared(Box<dyn OutputStorage>, usize),
+}
+
 pub struct OutputBuffer {
     pub rows: usize,
     pub row_stride: usize,
     /// Columns that belong to the output (`max_model_len`).
     pub cols: usize,
     /// `GUARD_ELEMS + rows*row_stride + GUARD_ELEMS` elements.
-    data: Vec<f32>,
+    data: Storage,
+    /// Every element still holds the poison (no `&mut` access since it was poisoned):
+    /// a device kernel may then poison its own copy on the device instead of copying
+    /// this one over, and a worker need not be sent it.
+    pristine: bool,
+}
+
+impl Clone for OutputBuffer {
+    /// A copy on the heap (of a shared buffer too).
+    fn clone(&self) -> Self {
+        OutputBuffer {
+            rows: self.rows,
+            row_stride: self.row_stride,
+            cols: self.cols,
+            data: Storage::Heap(self.data().to_vec()),
+            pristine: self.pristine,
+        }
+    }
+}
+
+impl std::fmt::Debug for OutputBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OutputBuffer")
+            .field("rows", &self.rows)
+            .field("row_stride", &self.row_stride)
+            .field("cols", &self.cols)
+            .field("shared", &matches!(self.data, Storage::Shared(..)))
+            .field("pristine", &self.pristine)
+            .finish()
+    }
 }
 
 impl OutputBuffer {
@@ -65,7 +110,71 @@ impl OutputBuffer {
             rows,
             row_stride,
             cols,
-            data: poisoned(2 * GUARD_ELEMS + rows * row_stride),
+            data: Storage::Heap(poisoned(2 * GUARD_ELEMS + rows * row_stride)),
+            pristine: true,
+        }
+    }
+
+    /// Elements a buffer of this shape holds, guards included.
+    pub fn raw_len(rows: usize, row_stride: usize) -> usize {
+        2 * GUARD_ELEMS + rows * row_stride
+    }
+
+    /// A buffer for `rows x cols` in `storage` (which must hold [`Self::raw_len`]
+    /// elements), poisoned on every core.
+    pub fn in_storage(
+        rows: usize,
+        cols: usize,
+        row_stride: usize,
+        storage: Box<dyn OutputStorage>,
+    ) -> Self {
+        let mut b = Self::over(rows, cols, row_stride, storage, false);
+        b.repoison();
+        b
+    }
+
+    /// A buffer over `storage` as it is (a worker's view of the region the harness
+    /// poisoned): `pristine` says whether every element holds the poison.
+    pub fn over(
+        rows: usize,
+        cols: usize,
+        row_stride: usize,
+        storage: Box<dyn OutputStorage>,
+        pristine: bool,
+    ) -> Self {
+        assert!(row_stride >= cols);
+        let n = Self::raw_len(rows, row_stride);
+        assert!(storage.elems().len() >= n, "output storage too small");
+        OutputBuffer {
+            rows,
+            row_stride,
+            cols,
+            data: Storage::Shared(storage, n),
+            pristine,
+        }
+    }
+
+    /// The storage of a shared buffer (`None` for a heap one). Whoever it is handed to
+    /// may write the elements, so the buffer is no longer pristine.
+    pub fn shared_storage_mut(&mut self) -> Option<&mut dyn OutputStorage> {
+        self.pristine = false;
+        match &mut self.data {
+            Storage::Heap(_) => None,
+            Storage::Shared(s, _) => Some(s.as_mut()),
+        }
+    }
+
+    fn data(&self) -> &[f32] {
+        match &self.data {
+            Storage::Heap(v) => v,
+            Storage::Shared(s, n) => &s.elems()[..*n],
+        }
+    }
+
+    fn data_mut(&mut self) -> &mut [f32] {
+        match &mut self.data {
+            Storage::Heap(v) => v,
+            Storage::Shared(s, n) => &mut s.elems_mut()[..*n],
         }
     }
 
@@ -73,40 +182,50 @@ impl OutputBuffer {
         Self::new(case.rows(), case.max_model_len, case.out_row_stride)
     }
 
+    /// Whether every element still holds the poison: nothing has had `&mut` access
+    /// since the buffer was made or [`Self::repoison`]ed.
+    pub fn is_pristine(&self) -> bool {
+        self.pristine
+    }
+
     /// Re-poisons every element (to reuse the allocation).
     pub fn repoison(&mut self) {
         use rayon::prelude::*;
         let poison = f32::from_bits(POISON_BITS);
-        self.data
+        self.data_mut()
             .par_chunks_mut(1 << 20)
             .for_each(|c| c.fill(poison));
+        self.pristine = true;
     }
 
     #[inline]
     pub fn get(&self, r: usize, t: usize) -> f32 {
-        self.data[GUARD_ELEMS + r * self.row_stride + t]
+        self.data()[GUARD_ELEMS + r * self.row_stride + t]
     }
 
     #[inline]
     pub fn set(&mut self, r: usize, t: usize, v: f32) {
         debug_assert!(t < self.row_stride);
-        self.data[GUARD_ELEMS + r * self.row_stride + t] = v;
+        self.pristine = false;
+        let at = GUARD_ELEMS + r * self.row_stride + t;
+        self.data_mut()[at] = v;
     }
 
     /// Row `r`, columns `0..cols`.
     pub fn row(&self, r: usize) -> &[f32] {
         let o = GUARD_ELEMS + r * self.row_stride;
-        &self.data[o..o + self.cols]
+        &self.data()[o..o + self.cols]
     }
 
     /// The interior `rows*row_stride` elements, row-major (what a device copy fills).
     pub fn interior(&self) -> &[f32] {
-        &self.data[GUARD_ELEMS..GUARD_ELEMS + self.rows * self.row_stride]
+        &self.data()[GUARD_ELEMS..GUARD_ELEMS + self.rows * self.row_stride]
     }
 
     pub fn interior_mut(&mut self) -> &mut [f32] {
+        self.pristine = false;
         let n = self.rows * self.row_stride;
-        &mut self.data[GUARD_ELEMS..GUARD_ELEMS + n]
+        &mut self.data_mut()[GUARD_ELEMS..GUARD_ELEMS + n]
     }
 
     /// Rows as disjoint mutable slices of `row_stride` (for parallel kernels).
@@ -118,23 +237,25 @@ impl OutputBuffer {
     /// The whole allocation including guards, and the index of element (0, 0) in it.
     /// Only for kernels that model out-of-bounds writes (planted bugs, devices).
     pub fn raw_mut(&mut self) -> (&mut [f32], usize) {
-        (&mut self.data, GUARD_ELEMS)
+        self.pristine = false;
+        (self.data_mut(), GUARD_ELEMS)
     }
 
     pub fn raw(&self) -> (&[f32], usize) {
-        (&self.data, GUARD_ELEMS)
+        (self.data(), GUARD_ELEMS)
     }
 
     /// Indices (into the raw allocation) of elements outside `[r][0..cols)` (guards and
     /// row padding) whose bits changed.
     pub fn out_of_bounds_writes(&self) -> Vec<usize> {
-        let n = self.data.len();
+        let data = self.data();
+        let n = data.len();
         let mut v = Vec::new();
         // Whole-slice comparison first (vectorizes); indices only where something changed.
         let mut scan = |range: std::ops::Range<usize>| {
-            let s = &self.data[range.clone()];
+            let s = &data[range.clone()];
             if !s.iter().all(|x| x.to_bits() == POISON_BITS) {
-                v.extend(range.filter(|&k| self.data[k].to_bits() != POISON_BITS));
+                v.extend(range.filter(|&k| data[k].to_bits() != POISON_BITS));
             }
         };
         scan(0..GUARD_ELEMS);
@@ -152,15 +273,41 @@ impl OutputBuffer {
 impl Drop for OutputBuffer {
     /// Hands a large allocation back for the next case ([`RECYCLE_MIN_ELEMS`]).
     fn drop(&mut self) {
-        if self.data.capacity() < RECYCLE_MIN_ELEMS {
+        let Storage::Heap(data) = &mut self.data else {
+            return; // the storage's own drop hands it back
+        };
+        if data.capacity() < RECYCLE_MIN_ELEMS {
             return;
         }
-        let v = std::mem::take(&mut self.data);
+        let v = std::mem::take(data);
         let mut s = SPARE.lock().unwrap_or_else(|e| e.into_inner());
         s.push(v);
         if s.len() > SPARE_MAX {
             let smallest = (0..s.len()).min_by_key(|&i| s[i].capacity()).unwrap_or(0);
             s.swap_remove(smallest);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pristine_until_written_and_again_after_repoison() {
+        let mut b = OutputBuffer::new(2, 3, 4);
+        assert!(b.is_pristine());
+        let _ = b.raw();
+        let _ = b.row(1);
+        assert!(b.is_pristine(), "reads keep it pristine");
+        b.set(0, 0, 1.0);
+        assert!(!b.is_pristine());
+        b.repoison();
+        assert!(b.is_pristine());
+        let _ = b.raw_mut();
+        assert!(!b.is_pristine(), "a &mut view may have written");
+        b.repoison();
+        let _ = b.rows_mut();
+        assert!(!b.is_pristine());
     }
 }

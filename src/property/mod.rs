@@ -379,7 +379,7 @@ pub(crate) fn rerun(kernel: &dyn Kernel, case: &Case) -> Result<OutputBuffer, Ru
     if let Some(why) = kernel.capabilities().rejects(case) {
         return Err(RunError::Skipped(why));
     }
-    let mut out = OutputBuffer::for_case(case);
+    let mut out = kernel.output_for(case);
     kernel.run(case, &mut out)?;
     Ok(out)
 }

@@ -340,7 +340,28 @@ pub fn throughput(r: &Report) -> Vec<String> {
     if !workers.is_empty() {
         lines.push(format!("workers: {}", workers.join("; ")));
     }
+    for (name, k) in &r.per_kernel {
+        if let Some(p) = phase_words(k) {
+            lines.push(format!("{name} calls by phase (summed): {p}"));
+        }
+    }
     lines
+}
+
+/// A kernel's calls split by phase, largest first: `download 12.1 s, harness: read
+/// output 3.2 s, upload 2.0 s, ...`; `None` when its runs report no phases.
+pub fn phase_words(k: &KernelStats) -> Option<String> {
+    if k.call_phases.is_empty() {
+        return None;
+    }
+    let mut v: Vec<(&String, &f64)> = k.call_phases.iter().collect();
+    v.sort_by(|a, b| b.1.total_cmp(a.1).then(a.0.cmp(b.0)));
+    Some(
+        v.iter()
+            .map(|(p, t)| format!("{p} {t:.2} s"))
+            .collect::<Vec<_>>()
+            .join(", "),
+    )
 }
 
 /// The kernel time of a kernel with a compile key, split: `first call of a key

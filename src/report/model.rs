@@ -124,6 +124,11 @@ pub struct KernelStats {
     /// `kernel_secs` split by compile key, for kernels that declare one
     /// (`Kernel::compile_key`); empty for the others.
     pub compile: CompileTimes,
+    /// Seconds per phase of the runs, summed (`RunInfo::phases`: a worker's own split
+    /// of a call, the harness's copies into and out of its region); empty for kernels
+    /// that report none.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub call_phases: BTreeMap<String, f64>,
 }
 
 /// A kernel's time split by compile key ([`crate::kernel::compile_key_of`]): a run whose

@@ -43,6 +43,9 @@ impl KernelStats {
         }
         self.run_wall_secs += run_wall_secs;
         self.output_setup_secs += setup_secs;
+        for (phase, t) in &v.run.phases {
+            *self.call_phases.entry(phase.clone()).or_default() += t;
+        }
         self.rows_checked += v.metrics.rows_checked;
         self.logits_checked += v.metrics.checked;
         self.kernel_secs += kernel_secs;
@@ -109,6 +112,9 @@ impl AddAssign<&KernelStats> for KernelStats {
         self.population.merge(&k.population);
         self.properties.merge(&k.properties);
         self.compile.merge(&k.compile);
+        for (phase, t) in &k.call_phases {
+            *self.call_phases.entry(phase.clone()).or_default() += t;
+        }
         self.max_err_over_bound = max_ratio(self.max_err_over_bound, k.max_err_over_bound);
     }
 }

@@ -423,6 +423,7 @@ impl Kernel for ChunkedKernel {
             inputs_intact: Some(true),
             device_bytes: None,
             queue_wait: None,
+            phases: Default::default(),
         })
     }
 }

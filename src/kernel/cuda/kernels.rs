@@ -116,6 +116,21 @@ impl Variant {
     }
 }
 
+/// Seconds since the previous lap.
+struct Lap(std::time::Instant);
+
+impl Lap {
+    fn new() -> Lap {
+        Lap(std::time::Instant::now())
+    }
+    fn next(&mut self) -> f64 {
+        let now = std::time::Instant::now();
+        let t = now.duration_since(self.0).as_secs_f64();
+        self.0 = now;
+        t
+    }
+}
+
 /// A CUDA kernel run in this process.
 pub struct CudaDirect {
     name: String,
@@ -212,18 +227,29 @@ pub fn run_variant(
     out: &mut OutputBuffer,
 ) -> Result<RunInfo, RunError> {
     let r = with_gpu(|gpu| {
+        let mut phases = std::collections::BTreeMap::new();
+        let mut lap = Lap::new();
         let mut dc = DeviceCase::upload(gpu, case, out)?;
+        phases.insert("upload".to_string(), lap.next());
         let before = dc.input_hashes(gpu)?;
         let timer = Timer::new().map_err(failure)?;
+        phases.insert("hash inputs".to_string(), lap.next());
         launch_variant(gpu, variant, case, &mut dc, &timer)?;
+        phases.insert("launch".to_string(), lap.next());
         let ms = timer.elapsed_ms().map_err(failure)?;
         let after = dc.input_hashes(gpu)?;
+        *phases.get_mut("hash inputs").expect("inserted above") += lap.next();
         dc.download_output(out)?;
+        phases.insert("download".to_string(), lap.next());
+        let bytes = dc.bytes;
+        drop(dc);
+        phases.insert("free".to_string(), lap.next());
         Ok(RunInfo {
             kernel_time: Some(Duration::from_secs_f64(ms as f64 / 1e3)),
             inputs_intact: Some(before == after),
-            device_bytes: Some(dc.bytes),
+            device_bytes: Some(bytes),
             queue_wait: None,
+            phases,
         })
     });
     r.map_err(|e| match e {

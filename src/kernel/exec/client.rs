@@ -9,7 +9,7 @@
 
 use super::process::{Event, Launch, Source, Worker};
 use super::protocol::{self, ErrorKind, Hello, RunRequest, Transport, WorkerLine};
-use super::shm::{SharedRegion, ShmTensors};
+use super::shm::{RegionOutput, RegionPool, SharedRegion};
 use crate::case::Case;
 use crate::kernel::{Capabilities, Kernel, OutputBuffer, RunError, RunInfo};
 use std::io::Write;
@@ -177,6 +177,9 @@ pub struct ExecKernel {
     restarts: Mutex<RestartStats>,
     /// Whether the first worker came from a fork server.
     forked: bool,
+    /// Regions the harness's output buffers live in ([`Kernel::output_for`]), when every
+    /// worker speaks protocol 2: the worker writes the output in place.
+    outputs: Option<std::sync::Arc<RegionPool>>,
 }
 
 impl ExecKernel {
@@ -190,6 +193,7 @@ impl ExecKernel {
         let mut hello: Option<Hello> = None;
         let mut hellos = Vec::with_capacity(n);
         let mut forked = false;
+        let mut all_v2 = true;
         for k in 0..n {
             let env = config.worker_envs.get(k).cloned().unwrap_or_default();
             let dir = make_temp_dir()?;
@@ -229,6 +233,7 @@ impl ExecKernel {
                 Some(_) => {}
             }
             forked = forked || slot.source.server.is_some();
+            all_v2 = all_v2 && slot.protocol >= 2;
             slots.push(Mutex::new(slot));
         }
         Ok(ExecKernel {
@@ -243,6 +248,7 @@ impl ExecKernel {
             offered,
             restarts: Mutex::new(RestartStats::default()),
             forked,
+            outputs: all_v2.then(|| RegionPool::new(n * CASES_PER_GPU_WORKER + 2)),
         })
     }
 
@@ -308,6 +314,12 @@ impl ExecKernel {
         &self.hellos
     }
 
+    /// Spare regions of the output pool and their bytes (`None`: outputs are not
+    /// shared, a worker speaks protocol 1).
+    pub fn spare_output_regions(&self) -> Option<(usize, usize)> {
+        self.outputs.as_ref().map(|p| p.spare())
+    }
+
     fn take_slot(&self) -> usize {
         let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
         loop {
@@ -349,7 +361,8 @@ impl ExecKernel {
                 case: &case_path,
                 output: &out_path,
             };
-            let req = RunRequest::new(id, case, transport);
+            let mut req = RunRequest::new(id, case, transport);
+            req.logits_poisoned = out.is_pristine();
             let info = self.exchange(slot, &req)?;
             protocol::read_output(&out_path, out).map_err(|e| {
                 RunError::Crash(format!("worker's output file {}: {e}", out_path.display()))
@@ -361,8 +374,9 @@ impl ExecKernel {
         result
     }
 
-    /// Protocol 2: the case goes into the slot's shared region, the output comes back
-    /// from it.
+    /// Protocol 2: the case goes into the shared region of its output buffer (made by
+    /// [`Kernel::output_for`]), where the worker writes the output in place; an output
+    /// buffer on the heap goes through the slot's region, there and back.
     fn run_shm(
         &self,
         slot: &mut Slot,
@@ -373,23 +387,53 @@ impl ExecKernel {
         let env = |e: std::io::Error| {
             RunError::Environment(format!("cannot set up the shared memory region: {e}"))
         };
+        let pristine = out.is_pristine();
+        let t0 = Instant::now();
+        let ints = protocol::WireInts::new(case);
+        if let Some(pool) = &self.outputs {
+            let in_place = out
+                .shared_storage_mut()
+                .and_then(|s| s.as_any_mut().downcast_mut::<RegionOutput>())
+                .filter(|r| r.is_from(pool));
+            if let Some(storage) = in_place {
+                let layout = storage.layout.clone();
+                storage
+                    .region_mut()
+                    .write(&layout, &protocol::wire_inputs(case, &ints));
+                let written = t0.elapsed().as_secs_f64();
+                let mut req = RunRequest::new(id, case, Transport::Shm(layout));
+                req.logits_poisoned = pristine;
+                let result = self.exchange(slot, &req);
+                if let Err(RunError::Crash(_)) = &result {
+                    // The worker was killed or shut down mid-case: its region is not
+                    // reused, in case it was still writing.
+                    storage.tainted = true;
+                }
+                let mut info = result?;
+                info.phases.insert("harness: write inputs".into(), written);
+                return Ok(info);
+            }
+        }
         if slot.region.is_none() {
             slot.region = Some(SharedRegion::create("mqa-fuzz-case").map_err(env)?);
         }
         let region = slot.region.as_mut().expect("created above");
-        let ints = protocol::WireInts::new(case);
-        let tensors = protocol::wire_tensors(case, &ints, out);
-        let layout = ShmTensors::layout(region.path().to_string(), &tensors);
+        let layout = protocol::region_layout(case, &ints, region.path().to_string());
         region.ensure(layout.bytes).map_err(env)?;
-        region.write(&layout, &tensors);
-        drop(tensors);
-        let req = RunRequest::new(id, case, Transport::Shm(layout.clone()));
-        let info = self.exchange(slot, &req)?;
+        region.write(&layout, &protocol::wire_tensors(case, &ints, out));
+        let written = t0.elapsed().as_secs_f64();
+        let mut req = RunRequest::new(id, case, Transport::Shm(layout.clone()));
+        req.logits_poisoned = pristine;
+        let mut info = self.exchange(slot, &req)?;
+        let t1 = Instant::now();
         let region = slot.region.as_ref().expect("created above");
         let (raw, _) = out.raw_mut();
         region
             .read_f32s(&layout, "logits", raw)
             .map_err(|e| RunError::Crash(format!("worker's output in the shared region: {e}")))?;
+        info.phases.insert("harness: write region".into(), written);
+        info.phases
+            .insert("harness: read output".into(), t1.elapsed().as_secs_f64());
         Ok(info)
     }
 
@@ -436,6 +480,7 @@ impl ExecKernel {
                     kernel_time_us,
                     inputs_intact,
                     device_bytes,
+                    phases_us,
                 } if got == id => {
                     if let (Some(want), Some(got)) = (&req.output, &output) {
                         if want != got {
@@ -448,6 +493,7 @@ impl ExecKernel {
                         kernel_time_us,
                         inputs_intact,
                         device_bytes,
+                        phases_us,
                     ));
                 }
                 WorkerLine::Error {
@@ -581,6 +627,30 @@ impl Kernel for ExecKernel {
 
     fn compile_key(&self) -> &[crate::kernel::CompileField] {
         &self.hello.compile_key
+    }
+
+    /// In a region of the pool when every worker speaks protocol 2 (the worker then
+    /// writes the output in place); on the heap otherwise, or if shared memory fails.
+    fn output_for(&self, case: &Case) -> OutputBuffer {
+        if let Some(pool) = &self.outputs {
+            let ints = protocol::WireInts::new(case);
+            let layout = protocol::region_layout(case, &ints, String::new());
+            match RegionOutput::new(pool, layout) {
+                Ok(storage) => {
+                    return OutputBuffer::in_storage(
+                        case.rows(),
+                        case.max_model_len,
+                        case.out_row_stride,
+                        Box::new(storage),
+                    )
+                }
+                Err(e) => eprintln!(
+                    "mqa-fuzz: {}: no shared memory for the output ({e}); this case's output is copied",
+                    self.name
+                ),
+            }
+        }
+        OutputBuffer::for_case(case)
     }
 
     fn worker_report(&self) -> Option<crate::kernel::WorkerReport> {

@@ -12,6 +12,7 @@ use super::shm::ShmTensors;
 use crate::case::{BlockTable, Case, ContextLens, Shape, SparseKvCache};
 use crate::kernel::{Capabilities, CompileField, OutputBuffer, RunError, RunInfo, GUARD_ELEMS};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
@@ -91,6 +92,10 @@ pub enum WorkerLine {
         inputs_intact: Option<bool>,
         #[serde(default)]
         device_bytes: Option<u64>,
+        /// Optional: microseconds per phase of the call as the worker saw it
+        /// (`upload`, `kernel`, `download`, ...), for the report's split of the time.
+        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        phases_us: BTreeMap<String, f64>,
     },
     Error {
         /// `null` for an error before any request (e.g. the library is not installed).
@@ -211,6 +216,12 @@ pub struct RunRequest {
     /// the `logits` tensor.
     pub guard_elems: usize,
     pub poison_bits: u32,
+    /// Every element of `logits` holds the poison (guards and row padding included),
+    /// as in every request of a campaign: a worker may poison its own (device) buffer
+    /// instead of reading the region's. Optional (absent: false), so older workers,
+    /// which read the region, are unaffected.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub logits_poisoned: bool,
     pub context_lens: LensWire,
 }
 
@@ -250,6 +261,7 @@ impl RunRequest {
             block_table_stride: case.block_table.row_stride,
             guard_elems: GUARD_ELEMS,
             poison_bits: crate::kernel::POISON_BITS,
+            logits_poisoned: false,
             context_lens: match &case.context_lens {
                 ContextLens::PerSequence(v) => LensWire::PerSequence(v.clone()),
                 ContextLens::PerToken(v) => LensWire::PerToken(v.clone()),
@@ -300,9 +312,19 @@ pub fn wire_tensors<'a>(
     ints: &'a WireInts,
     out: &'a OutputBuffer,
 ) -> Vec<(&'static str, Vec<usize>, Data<'a>)> {
+    let (raw, _) = out.raw();
+    let mut v = wire_inputs(case, ints);
+    v.push(("logits", vec![raw.len()], Data::F32(raw)));
+    v
+}
+
+/// The inputs of [`wire_tensors`] (everything but `logits`).
+pub fn wire_inputs<'a>(
+    case: &'a Case,
+    ints: &'a WireInts,
+) -> Vec<(&'static str, Vec<usize>, Data<'a>)> {
     let s = &case.shape;
     let blocks: Vec<&[u8]> = case.kv.blocks.values().map(Vec::as_slice).collect();
-    let (raw, _) = out.raw();
     let (lens, lens_shape, table, ids) = (&ints.lens, &ints.lens_shape, &ints.table, &ints.ids);
     vec![
         (
@@ -323,8 +345,20 @@ pub fn wire_tensors<'a>(
             vec![ids.len(), s.block_bytes()],
             Data::Pieces(blocks),
         ),
-        ("logits", vec![raw.len()], Data::F32(raw)),
     ]
+}
+
+/// A version-2 region's layout for `case`: `logits` first, at offset 0 (so that an
+/// output buffer can live in the region from its start), then the inputs.
+pub fn region_layout(case: &Case, ints: &WireInts, path: String) -> ShmTensors {
+    let raw = OutputBuffer::raw_len(case.rows(), case.out_row_stride);
+    let mut specs = vec![("logits", vec![raw], st::Dtype::F32, 4 * raw)];
+    specs.extend(
+        wire_inputs(case, ints)
+            .iter()
+            .map(|(n, shape, d)| (*n, shape.clone(), d.dtype(), d.byte_len())),
+    );
+    ShmTensors::layout_of(path, &specs)
 }
 
 /// Writes the version-1 case file.
@@ -397,6 +431,18 @@ pub fn read_case(
     r: &mut dyn TensorSource,
     what: &str,
 ) -> Result<(Case, OutputBuffer), String> {
+    let case = read_inputs(req, r, what)?;
+    let mut out = OutputBuffer::for_case(&case);
+    if !req.logits_poisoned {
+        let (raw, _) = out.raw_mut();
+        r.f32s_into("logits", raw)
+            .map_err(|e| format!("{what}: {e}"))?;
+    }
+    Ok((case, out))
+}
+
+/// The case of a request (its inputs, checked; validated), without the output.
+pub fn read_inputs(req: &RunRequest, r: &mut dyn TensorSource, what: &str) -> Result<Case, String> {
     let at = |e: String| format!("{what}: {e}");
     let shape = req.shape.clone();
     // Dimensions first: the sizes below are computed from them (no overflow, no
@@ -487,10 +533,7 @@ pub fn read_case(
             req.guard_elems
         )));
     }
-    let mut out = OutputBuffer::for_case(&case);
-    let (raw, _) = out.raw_mut();
-    r.f32s_into("logits", raw).map_err(at)?;
-    Ok((case, out))
+    Ok(case)
 }
 
 /// A worker's `result` line as the harness's [`RunInfo`].
@@ -498,8 +541,14 @@ pub fn run_info(
     kernel_time_us: Option<f64>,
     inputs_intact: Option<bool>,
     device_bytes: Option<u64>,
+    phases_us: BTreeMap<String, f64>,
 ) -> RunInfo {
     RunInfo {
+        phases: phases_us
+            .into_iter()
+            .filter(|(_, t)| t.is_finite() && *t >= 0.0)
+            .map(|(k, t)| (k, t / 1e6))
+            .collect(),
         kernel_time: kernel_time_us
             .filter(|t| t.is_finite() && *t >= 0.0)
             .map(|t| Duration::from_secs_f64(t / 1e6)),

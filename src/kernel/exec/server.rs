@@ -7,12 +7,14 @@
 //! hanging, babbling and outdated workers is tested against a real process.
 
 use super::protocol::{self, ErrorKind, Hello, RunRequest, WorkerLine, PROTOCOL_VERSION};
-use super::shm::{SharedRegion, ShmReader, ShmTensors};
+use super::shm::{MappedOutput, SharedRegion, ShmReader, ShmTensors};
 use crate::case::Case;
 use crate::error::{exit, Fatal};
 use crate::kernel::{Kernel, OpenError, OutputBuffer, RunError};
+use std::collections::BTreeMap;
 use std::io::{BufRead, Write};
 use std::path::Path;
+use std::time::Instant;
 
 /// A misbehaviour on purpose, counted in requests served by this process (from 1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -111,8 +113,8 @@ pub fn serve(
     send(&mut out, &WorkerLine::Hello(Box::new(hello))).map_err(io)?;
     let stdin = std::io::stdin();
     let mut served = 0u64;
-    // Protocol 2: the client's region, mapped once and again only when it grows.
-    let mut region: Option<SharedRegion> = None;
+    // Protocol 2: the client's regions, each mapped once and again only when it grows.
+    let mut regions: Vec<SharedRegion> = Vec::new();
     for line in stdin.lock().lines() {
         let line =
             line.map_err(|e| Fatal::environment(format!("worker: cannot read stdin: {e}")))?;
@@ -173,7 +175,7 @@ pub fn serve(
             }
             _ => {}
         }
-        let mut reply = answer(k.as_ref(), &req, &mut region);
+        let mut reply = answer(k.as_ref(), &req, &mut regions);
         if fault == Some(Fault::WrongIdAt(served)) {
             if let WorkerLine::Result { id, .. } | WorkerLine::Error { id: Some(id), .. } =
                 &mut reply
@@ -186,69 +188,86 @@ pub fn serve(
     Ok(exit::CLEAN)
 }
 
-/// Maps the request's region (reusing `region` when it is the same and large enough).
+/// Regions a worker keeps mapped (the harness rotates the regions its output buffers
+/// live in, one per case in flight): mapped once each, remapped only when one grew.
+const MAPPINGS_KEPT: usize = 16;
+
+/// Maps the request's region, reusing a mapping of the same path that is large enough.
 fn map_region<'a>(
     shm: &ShmTensors,
-    region: &'a mut Option<SharedRegion>,
+    regions: &'a mut Vec<SharedRegion>,
 ) -> Result<&'a mut SharedRegion, String> {
-    let fits = region
-        .as_ref()
-        .is_some_and(|r| r.path() == shm.path && r.len() >= shm.bytes);
-    if !fits {
-        *region = None;
-        let r = SharedRegion::open(&shm.path, shm.bytes)
-            .map_err(|e| format!("cannot map the shared region {}: {e}", shm.path))?;
-        *region = Some(r);
-    }
-    Ok(region.as_mut().expect("mapped above"))
+    let k = match regions.iter().position(|r| r.path() == shm.path) {
+        Some(k) if regions[k].len() >= shm.bytes => k,
+        found => {
+            if let Some(k) = found {
+                regions.remove(k);
+            }
+            if regions.len() >= MAPPINGS_KEPT {
+                regions.remove(0);
+            }
+            let r = SharedRegion::open(&shm.path, shm.bytes)
+                .map_err(|e| format!("cannot map the shared region {}: {e}", shm.path))?;
+            regions.push(r);
+            regions.len() - 1
+        }
+    };
+    Ok(&mut regions[k])
 }
 
-/// Reads the request's case from its file (protocol 1) or the shared region (2).
+/// Reads the request's case from its file (protocol 1), or from the shared region (2)
+/// with the output buffer over the region's `logits`, written in place.
 fn read_request(
     req: &RunRequest,
-    region: &mut Option<SharedRegion>,
-) -> Result<(Case, OutputBuffer), String> {
+    regions: &mut Vec<SharedRegion>,
+) -> Result<(Case, OutputBuffer, bool), String> {
     match &req.shm {
-        None => protocol::read_case_file(req),
+        None => protocol::read_case_file(req).map(|(c, o)| (c, o, false)),
         Some(shm) => {
-            let r = map_region(shm, region)?;
+            let r = map_region(shm, regions)?;
             let mut src = ShmReader {
                 region: r,
                 layout: shm,
             };
-            protocol::read_case(req, &mut src, &shm.path)
+            let case = protocol::read_inputs(req, &mut src, &shm.path)?;
+            // SAFETY: the mapping stays in `regions`, untouched, until the request is
+            // answered and this buffer dropped (`answer` does nothing else with
+            // `regions` in between).
+            let storage = unsafe { MappedOutput::new(r, shm)? };
+            let out = OutputBuffer::over(
+                case.rows(),
+                case.max_model_len,
+                case.out_row_stride,
+                Box::new(storage),
+                req.logits_poisoned,
+            );
+            Ok((case, out, true))
         }
     }
 }
 
-/// Hands the output back: a file (protocol 1) or the region's `logits` (2).
-fn write_answer(
-    req: &RunRequest,
-    buf: &OutputBuffer,
-    region: &mut Option<SharedRegion>,
-) -> Result<(), String> {
-    match (&req.shm, &req.output) {
-        (Some(shm), _) => {
-            let r = map_region(shm, region)?;
-            r.write_f32s(shm, "logits", buf.raw().0)
-        }
-        (None, Some(path)) => protocol::write_output(Path::new(path), buf)
+/// Hands the output back as a file (protocol 1; protocol 2 writes in place).
+fn write_answer(req: &RunRequest, buf: &OutputBuffer) -> Result<(), String> {
+    match &req.output {
+        Some(path) => protocol::write_output(Path::new(path), buf)
             .map_err(|e| format!("cannot write {path}: {e}")),
-        (None, None) => Err("the request names neither an output file nor a region".into()),
+        None => Err("the request names neither an output file nor a region".into()),
     }
 }
 
 /// Runs one request and builds its answer line.
-fn answer(k: &dyn Kernel, req: &RunRequest, region: &mut Option<SharedRegion>) -> WorkerLine {
+fn answer(k: &dyn Kernel, req: &RunRequest, regions: &mut Vec<SharedRegion>) -> WorkerLine {
     let error = |kind, message| WorkerLine::Error {
         id: Some(req.id),
         kind,
         message,
     };
-    let (case, mut buf) = match read_request(req, region) {
+    let t0 = Instant::now();
+    let (case, mut buf, in_place) = match read_request(req, regions) {
         Ok(x) => x,
         Err(e) => return error(ErrorKind::Crash, format!("bad case: {e}")),
     };
+    let read_secs = t0.elapsed().as_secs_f64();
     if let Some(why) = k.capabilities().rejects(&case) {
         return error(ErrorKind::Skipped, why);
     }
@@ -265,15 +284,33 @@ fn answer(k: &dyn Kernel, req: &RunRequest, region: &mut Option<SharedRegion>) -
         Ok(Err(RunError::Crash(m))) => error(ErrorKind::Crash, m),
         Ok(Err(RunError::Skipped(m))) => error(ErrorKind::Skipped, m),
         Ok(Err(RunError::Environment(m))) => error(ErrorKind::Environment, m),
-        Ok(Ok(info)) => match write_answer(req, &buf, region) {
-            Err(e) => error(ErrorKind::Environment, e),
-            Ok(()) => WorkerLine::Result {
-                id: req.id,
-                output: req.output.clone(),
-                kernel_time_us: info.kernel_time.map(|t| t.as_secs_f64() * 1e6),
-                inputs_intact: info.inputs_intact,
-                device_bytes: info.device_bytes,
-            },
-        },
+        Ok(Ok(info)) => {
+            let t1 = Instant::now();
+            let written = if in_place {
+                Ok(())
+            } else {
+                write_answer(req, &buf)
+            };
+            match written {
+                Err(e) => error(ErrorKind::Environment, e),
+                Ok(()) => WorkerLine::Result {
+                    id: req.id,
+                    output: req.output.clone(),
+                    kernel_time_us: info.kernel_time.map(|t| t.as_secs_f64() * 1e6),
+                    inputs_intact: info.inputs_intact,
+                    device_bytes: info.device_bytes,
+                    phases_us: phases_us(&info.phases, read_secs, t1.elapsed().as_secs_f64()),
+                },
+            }
+        }
     }
+}
+
+/// The kernel's phases and the worker's own reading of the case and writing of the
+/// output, in microseconds (the `phases_us` of a result line).
+fn phases_us(kernel: &BTreeMap<String, f64>, read: f64, write: f64) -> BTreeMap<String, f64> {
+    let mut p: BTreeMap<String, f64> = kernel.iter().map(|(k, t)| (k.clone(), t * 1e6)).collect();
+    p.insert("worker: read case".into(), read * 1e6);
+    p.insert("worker: write output".into(), write * 1e6);
+    p
 }

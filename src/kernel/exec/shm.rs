@@ -1,13 +1,21 @@
-//! Protocol version 2's tensor transport: one shared-memory region per worker, mapped
-//! by both sides and reused case after case, instead of a case file and an output file
-//! per case (protocol 1).
+//! Protocol version 2's tensor transport: shared-memory regions mapped by both sides
+//! and reused case after case, instead of a case file and an output file per case
+//! (protocol 1).
 //!
-//! The region is a `memfd` (an anonymous file in memory; a deleted temporary file where
+//! The harness's output buffer of a case lives in a region of a [`RegionPool`] (one
+//! region per output alive: the cases in flight): the harness poisons it there, writes
+//! the inputs after it, the worker writes the output in place ([`MappedOutput`] for
+//! built-in kernels) and the harness judges it where it lies, so the output, up to
+//! gigabytes, is never copied between the processes. An output buffer on the heap goes
+//! through the slot's own region, there and back.
+//!
+//! A region is a `memfd` (an anonymous file in memory; a deleted temporary file where
 //! memfd is unavailable). The worker opens it by the path `/proc/<pid>/fd/<fd>` named in
 //! each request, so nothing is inherited and a fork server's children can open it too.
-//! It only grows (by whole 64 MiB steps) unless a case needs less than a quarter of a
-//! large region, which then shrinks: an engine-sized 2 GiB output does not pin 2 GiB of
-//! memory for the rest of the campaign.
+//! A slot's region only grows (by whole 64 MiB steps) unless a case needs less than a
+//! quarter of a large region, which then shrinks; a pool's regions never shrink (the next
+//! engine-sized case would fault its pages in again) and the pool keeps at most a few,
+//! within a quarter of the host's memory.
 //!
 //! Every tensor of the wire ([`super::protocol::wire_tensors`]: the inputs, the sparse
 //! cache's stored blocks and the poisoned, guarded output) is placed at a 64-byte
@@ -70,19 +78,28 @@ pub struct ShmTensors {
 impl ShmTensors {
     /// The offsets of `tensors` laid out back to back, each aligned.
     pub fn layout(path: String, tensors: &[(&str, Vec<usize>, Data)]) -> ShmTensors {
+        let specs: Vec<(&str, Vec<usize>, Dtype, usize)> = tensors
+            .iter()
+            .map(|(n, shape, d)| (*n, shape.clone(), d.dtype(), d.byte_len()))
+            .collect();
+        Self::layout_of(path, &specs)
+    }
+
+    /// [`Self::layout`] from each tensor's name, shape, dtype and byte length.
+    pub fn layout_of(path: String, tensors: &[(&str, Vec<usize>, Dtype, usize)]) -> ShmTensors {
         let mut at = 0usize;
         let mut map = BTreeMap::new();
-        for (name, shape, data) in tensors {
+        for (name, shape, dtype, bytes) in tensors {
             at = at.next_multiple_of(ALIGN);
             map.insert(
                 name.to_string(),
                 ShmTensor {
-                    dtype: data.dtype().name().to_string(),
+                    dtype: dtype.name().to_string(),
                     shape: shape.clone(),
                     offset: at,
                 },
             );
-            at += data.byte_len();
+            at += bytes;
         }
         ShmTensors {
             path,
@@ -130,6 +147,8 @@ pub struct SharedRegion {
 // (writes) or `&self` (reads), so Rust's aliasing rules hold within this process. The
 // other process writes only while this one waits for its answer.
 unsafe impl Send for SharedRegion {}
+// SAFETY: `&self` gives only reads of the mapping (`bytes`); writes need `&mut self`.
+unsafe impl Sync for SharedRegion {}
 
 impl SharedRegion {
     /// A new, empty region named `tag` (seen in `/proc/<pid>/fd`).
@@ -350,6 +369,202 @@ impl super::protocol::TensorSource for ShmReader<'_> {
 impl Drop for SharedRegion {
     fn drop(&mut self) {
         self.unmap();
+    }
+}
+
+/// Regions that outputs live in ([`RegionOutput`]): a case's output buffer is made in
+/// one (poisoned there by the harness), its inputs are written beside it, and the
+/// worker writes the output in place, so the output never crosses between the
+/// processes as a copy. One region per output alive; dropped outputs hand theirs back.
+pub struct RegionPool {
+    spare: std::sync::Mutex<Vec<SharedRegion>>,
+    /// Spare regions kept at most (more are freed, smallest first).
+    keep: usize,
+    /// Bytes of spare regions kept at most: a quarter of the host's memory.
+    keep_bytes: usize,
+}
+
+impl RegionPool {
+    pub fn new(keep: usize) -> std::sync::Arc<RegionPool> {
+        // SAFETY: plain sysconf queries.
+        let (pages, page) = unsafe {
+            (
+                libc::sysconf(libc::_SC_PHYS_PAGES),
+                libc::sysconf(libc::_SC_PAGESIZE),
+            )
+        };
+        let memory = (pages.max(0) as usize).saturating_mul(page.max(0) as usize);
+        std::sync::Arc::new(RegionPool {
+            spare: std::sync::Mutex::new(Vec::new()),
+            keep,
+            keep_bytes: (memory / 4).max(1 << 30),
+        })
+    }
+
+    /// A region of at least `bytes`: the smallest spare that holds them, else the
+    /// largest spare grown, else a new one. Pooled regions never shrink (the next
+    /// engine-sized case would fault its pages in again); the pool frees whole ones.
+    pub fn take(&self, bytes: usize) -> std::io::Result<SharedRegion> {
+        let spare = {
+            let mut s = self.spare.lock().unwrap_or_else(|e| e.into_inner());
+            let fits = (0..s.len())
+                .filter(|&i| s[i].len() >= bytes)
+                .min_by_key(|&i| s[i].len());
+            let pick = fits.or_else(|| (0..s.len()).max_by_key(|&i| s[i].len()));
+            pick.map(|i| s.swap_remove(i))
+        };
+        let mut r = match spare {
+            Some(r) => r,
+            None => SharedRegion::create("mqa-fuzz-output")?,
+        };
+        if r.len() < bytes {
+            r.ensure(bytes)?;
+        }
+        Ok(r)
+    }
+
+    fn give(&self, r: SharedRegion) {
+        let mut s = self.spare.lock().unwrap_or_else(|e| e.into_inner());
+        s.push(r);
+        while s.len() > self.keep
+            || (s.len() > 1 && s.iter().map(SharedRegion::len).sum::<usize>() > self.keep_bytes)
+        {
+            let smallest = (0..s.len()).min_by_key(|&i| s[i].len()).unwrap_or(0);
+            s.swap_remove(smallest);
+        }
+    }
+
+    /// Spare regions and their bytes (for tests).
+    pub fn spare(&self) -> (usize, usize) {
+        let s = self.spare.lock().unwrap_or_else(|e| e.into_inner());
+        (s.len(), s.iter().map(SharedRegion::len).sum())
+    }
+}
+
+/// An output buffer's storage in a pooled region: the `logits` tensor of `layout` at
+/// offset 0, the case's inputs after it. Handed back to its pool when dropped, unless
+/// `tainted` (a worker that was killed mid-case might, in theory, still have been
+/// writing it).
+pub struct RegionOutput {
+    region: Option<SharedRegion>,
+    pool: std::sync::Arc<RegionPool>,
+    pub layout: ShmTensors,
+    elems: usize,
+    pub tainted: bool,
+}
+
+impl RegionOutput {
+    /// A region from `pool` for `layout` (whose `logits` must lie at offset 0).
+    pub fn new(
+        pool: &std::sync::Arc<RegionPool>,
+        mut layout: ShmTensors,
+    ) -> std::io::Result<RegionOutput> {
+        let logits = layout
+            .tensors
+            .get("logits")
+            .filter(|t| t.offset == 0 && t.dtype == "F32")
+            .ok_or_else(|| std::io::Error::other("the layout's logits are not f32 at offset 0"))?;
+        let elems = logits.byte_len().unwrap_or(0) / 4;
+        let region = pool.take(layout.bytes)?;
+        layout.path = region.path().to_string();
+        Ok(RegionOutput {
+            region: Some(region),
+            pool: pool.clone(),
+            layout,
+            elems,
+            tainted: false,
+        })
+    }
+
+    /// Whether this storage came from `pool`.
+    pub fn is_from(&self, pool: &std::sync::Arc<RegionPool>) -> bool {
+        std::sync::Arc::ptr_eq(&self.pool, pool)
+    }
+
+    pub fn region_mut(&mut self) -> &mut SharedRegion {
+        self.region.as_mut().expect("held until drop")
+    }
+}
+
+impl crate::kernel::OutputStorage for RegionOutput {
+    fn elems(&self) -> &[f32] {
+        let r = self.region.as_ref().expect("held until drop");
+        let b = &r.bytes()[..4 * self.elems];
+        assert!(b.as_ptr().align_offset(4) == 0);
+        // SAFETY: the mapping is page-aligned and the logits start at offset 0 (checked
+        // in new); f32 has no invalid bit patterns; the length is in bounds (sliced).
+        unsafe { std::slice::from_raw_parts(b.as_ptr().cast(), self.elems) }
+    }
+
+    fn elems_mut(&mut self) -> &mut [f32] {
+        let n = self.elems;
+        let b = &mut self.region_mut().bytes_mut()[..4 * n];
+        assert!(b.as_ptr().align_offset(4) == 0);
+        // SAFETY: as in `elems`, through `&mut self`.
+        unsafe { std::slice::from_raw_parts_mut(b.as_mut_ptr().cast(), n) }
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
+}
+
+impl Drop for RegionOutput {
+    fn drop(&mut self) {
+        if let Some(r) = self.region.take() {
+            if !self.tainted {
+                self.pool.give(r);
+            }
+        }
+    }
+}
+
+/// A worker's view of the `logits` tensor of a region it mapped: the output buffer the
+/// kernel writes in place.
+pub struct MappedOutput {
+    ptr: *mut f32,
+    elems: usize,
+}
+
+// SAFETY: the pointer is into a mapping the worker holds for the whole request, and is
+// only dereferenced through `&self`/`&mut self` of this value.
+unsafe impl Send for MappedOutput {}
+unsafe impl Sync for MappedOutput {}
+
+impl MappedOutput {
+    /// The `logits` of `layout` in `region`.
+    ///
+    /// # Safety
+    /// `region` must stay mapped, and not be remapped, for as long as the returned value
+    /// (and the output buffer over it) lives.
+    pub unsafe fn new(
+        region: &mut SharedRegion,
+        layout: &ShmTensors,
+    ) -> Result<MappedOutput, String> {
+        let (t, n) = layout.get("logits", Dtype::F32, region.len())?;
+        let at = t.offset;
+        let b = &mut region.bytes_mut()[at..at + n];
+        if b.as_ptr().align_offset(4) != 0 {
+            return Err(format!("logits at offset {at} are not 4-byte aligned"));
+        }
+        Ok(MappedOutput {
+            ptr: b.as_mut_ptr().cast(),
+            elems: n / 4,
+        })
+    }
+}
+
+impl crate::kernel::OutputStorage for MappedOutput {
+    fn elems(&self) -> &[f32] {
+        // SAFETY: `new`'s contract keeps the mapping alive; in bounds and aligned.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.elems) }
+    }
+    fn elems_mut(&mut self) -> &mut [f32] {
+        // SAFETY: as above, through `&mut self`.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.elems) }
+    }
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
     }
 }
 
