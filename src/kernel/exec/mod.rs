@@ -10,12 +10,14 @@
 //! - [`protocol`]: messages, versions, and the tensors of a case (files for version 1).
 //! - [`shm`]: version 2's shared-memory region.
 //! - `process`: starting, reading and killing a worker process or a fork-server life.
-//! - [`client`]: [`ExecKernel`], the supervised worker pool.
+//! - [`client`]: [`ExecKernel`], the supervised worker pool; `config`: how it starts its
+//!   workers ([`ExecConfig`]).
 //! - [`server`]: the worker side for built-in kernels.
 //! - [`aliases`]: `numpy`, `torch`, `deepgemm`, `aiter`, `vllm` → adapter command lines.
 
 pub mod aliases;
 pub mod client;
+mod config;
 mod process;
 pub mod protocol;
 mod safetensors_stream;

@@ -1,0 +1,97 @@
+//! How an [`super::ExecKernel`] starts and supervises its workers: the command, one
+//! environment per worker (a GPU each), timeouts, the fork server, the protocol
+//! versions offered; from code or from `MQA_FUZZ_EXEC_*` variables.
+
+use super::protocol;
+use std::time::Duration;
+
+/// How to start and supervise the workers.
+#[derive(Clone, Debug)]
+pub struct ExecConfig {
+    /// Shell command line of one worker (run with `sh -c`).
+    pub command: String,
+    /// One entry per worker: extra environment variables (e.g. `CUDA_VISIBLE_DEVICES`).
+    /// The pool has `worker_envs.len()` workers (at least one).
+    pub worker_envs: Vec<Vec<(String, String)>>,
+    /// Longest a case may take, from request to answer.
+    pub case_timeout: Duration,
+    /// Longest a worker may take to start and send its hello (imports, device init).
+    pub handshake_timeout: Duration,
+    /// Copy the workers' stderr to ours as it arrives (otherwise only kept for reports).
+    pub forward_stderr: bool,
+    /// Offer workers to run as fork servers (`MQA_FUZZ_FORK_SERVER=1`; PROTOCOL.md §4).
+    pub fork_server: bool,
+    /// The protocol versions offered (`MQA_FUZZ_PROTOCOLS`); a worker must pick one.
+    pub protocols: Vec<u64>,
+}
+
+impl ExecConfig {
+    pub fn new(command: impl Into<String>) -> Self {
+        ExecConfig {
+            command: command.into(),
+            worker_envs: vec![Vec::new()],
+            case_timeout: Duration::from_secs(120),
+            handshake_timeout: Duration::from_secs(120),
+            forward_stderr: false,
+            fork_server: true,
+            protocols: protocol::SUPPORTED_PROTOCOLS.to_vec(),
+        }
+    }
+
+    /// Settings from the environment, for `exec:` names on the command line:
+    /// `MQA_FUZZ_EXEC_TIMEOUT` (seconds per case), `MQA_FUZZ_EXEC_HANDSHAKE_TIMEOUT`,
+    /// `MQA_FUZZ_EXEC_DEVICES` (`0,1,2,3`: one worker per device, each with
+    /// `CUDA_VISIBLE_DEVICES`/`HIP_VISIBLE_DEVICES` set to it), `MQA_FUZZ_EXEC_WORKERS`
+    /// (N workers, no device variables) and `MQA_FUZZ_EXEC_STDERR=1`.
+    pub fn from_env(command: impl Into<String>) -> Result<Self, String> {
+        let mut c = ExecConfig::new(command);
+        let secs = |var: &str| -> Result<Option<Duration>, String> {
+            match std::env::var(var) {
+                Err(_) => Ok(None),
+                Ok(v) => match v.trim().parse::<f64>() {
+                    Ok(s) if s > 0.0 && s.is_finite() => Ok(Some(Duration::from_secs_f64(s))),
+                    _ => Err(format!("{var}={v:?} is not a positive number of seconds")),
+                },
+            }
+        };
+        if let Some(t) = secs("MQA_FUZZ_EXEC_TIMEOUT")? {
+            c.case_timeout = t;
+        }
+        if let Some(t) = secs("MQA_FUZZ_EXEC_HANDSHAKE_TIMEOUT")? {
+            c.handshake_timeout = t;
+        }
+        if let Ok(devs) = std::env::var("MQA_FUZZ_EXEC_DEVICES") {
+            let devs: Vec<&str> = devs
+                .split(',')
+                .map(str::trim)
+                .filter(|d| !d.is_empty())
+                .collect();
+            if devs.is_empty() {
+                return Err("MQA_FUZZ_EXEC_DEVICES is empty (expected e.g. 0,1,2,3)".into());
+            }
+            c.worker_envs = devs.iter().map(|d| device_env(d)).collect();
+        } else if let Ok(n) = std::env::var("MQA_FUZZ_EXEC_WORKERS") {
+            match n.trim().parse::<usize>() {
+                Ok(k) if (1..=256).contains(&k) => c.worker_envs = vec![Vec::new(); k],
+                _ => {
+                    return Err(format!(
+                        "MQA_FUZZ_EXEC_WORKERS={n:?} is not a number in 1..=256"
+                    ))
+                }
+            }
+        }
+        c.forward_stderr = std::env::var("MQA_FUZZ_EXEC_STDERR").is_ok_and(|v| v == "1");
+        c.fork_server = !std::env::var("MQA_FUZZ_EXEC_FORK").is_ok_and(|v| v == "0");
+        c.protocols = protocol::offered_protocols()?;
+        Ok(c)
+    }
+}
+
+/// The environment that pins a worker to one GPU, NVIDIA or AMD.
+pub fn device_env(device: &str) -> Vec<(String, String)> {
+    vec![
+        ("CUDA_VISIBLE_DEVICES".into(), device.into()),
+        ("HIP_VISIBLE_DEVICES".into(), device.into()),
+        ("MQA_FUZZ_WORKER_DEVICE".into(), device.into()),
+    ]
+}
