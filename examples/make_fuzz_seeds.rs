@@ -43,7 +43,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let mut v: serde_json::Value = serde_json::from_slice(&text)?;
             v["case"]["tensors"] = serde_json::json!({"safetensors": "c.safetensors"});
             let json = serde_json::to_vec(&v)?;
-            let st = tensors_to_safetensors(&file.case)?;
+            let st = tensors_to_safetensors(&file.case, false)?;
             std::fs::write(
                 out.join("case_file").join(format!("{stem}-safetensors")),
                 framed(&json, &st),

@@ -145,6 +145,48 @@ fn safetensors_round_trip_is_bit_exact() {
     python_reads_safetensors(&st, &file.case);
 }
 
+/// An engine-sized block table (block size 1: one entry per token) goes to the
+/// safetensors sibling, not into the JSON, and comes back entry for entry; a JSON that
+/// lacks the entries without a tensor file to hold them is an error naming the field.
+#[test]
+fn a_large_block_table_lives_in_the_safetensors_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut r = recipe(vec![70_000, 3], 1);
+    r.knobs.block_size = 1;
+    r.knobs.heads = 1;
+    r.knobs.head_dim = 16;
+    let case = r.materialize();
+    assert!(case.block_table.entries.len() > mqa_fuzz::case::TABLE_INLINE_MAX);
+    let file = CaseFile {
+        provenance: provenance("big table"),
+        expected: Default::default(),
+        case,
+    };
+    let path = dir.path().join("t.json");
+    save_case_file(&path, &file).unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(
+        text.len() < 64 * 1024,
+        "the JSON holds no table entries: {} bytes",
+        text.len()
+    );
+    assert!(
+        !text.contains("\"entries\""),
+        "{}",
+        &text[..text.len().min(2000)]
+    );
+    let back = load_case_file(&path).unwrap();
+    assert_bit_exact(&file.case, &back.case);
+    python_reads_safetensors(&dir.path().join("t.safetensors"), &file.case);
+    // The same JSON with its tensors inline instead: the table is nowhere.
+    let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v["case"]["tensors"] = serde_json::json!({"inline": {"q": "", "weights": [], "kv_blocks": {}}});
+    let bad = dir.path().join("bad.json");
+    std::fs::write(&bad, serde_json::to_vec(&v).unwrap()).unwrap();
+    let e = load_case_file(&bad).unwrap_err().to_string();
+    assert!(e.contains("case.block_table.entries"), "{e}");
+}
+
 /// Loads the file with Python's `safetensors` + numpy and checks names, dtypes, shapes
 /// and a checksum. Skips (with a message) when they are not installed; CI installs them.
 fn python_reads_safetensors(path: &Path, c: &Case) {
@@ -182,7 +224,24 @@ for k in sorted(t):
             .flat_map(|&i| (i as i64).to_le_bytes())
             .collect();
     let blocks: Vec<u8> = c.kv.blocks.values().flatten().copied().collect();
-    let want = format!(
+    let table: Vec<u8> = c
+        .block_table
+        .entries
+        .iter()
+        .flat_map(|e| e.to_le_bytes())
+        .collect();
+    let table_line = if c.block_table.entries.len() > mqa_fuzz::case::TABLE_INLINE_MAX {
+        format!(
+            "block_table int64 [{}, {}] {}\n",
+            s.batch,
+            c.block_table.row_stride,
+            sum(&table)
+        )
+    } else {
+        String::new()
+    };
+    let want = table_line
+        + &format!(
         "kv_block_ids int64 [{n}] {}\nkv_blocks uint8 [{n}, {}] {}\nq uint8 [{}, {}, {}, {}] {}\nweights float32 [{}, {}] {}\n",
         sum(&ids),
         s.block_bytes(),

@@ -6,6 +6,7 @@
 //! Loading never trusts the file: sizes are checked before anything is allocated from
 //! them, and every error names the file and the field.
 
+use super::encoding::{from_hex, to_hex, F32Json};
 use super::{BlockTable, Case, ContextLens, Shape, SparseKvCache};
 use crate::class::Class;
 use serde::{Deserialize, Serialize};
@@ -15,6 +16,9 @@ use std::path::{Path, PathBuf};
 pub const FORMAT_VERSION: u32 = 1;
 /// Tensors up to this many bytes stay inline in the JSON.
 pub const INLINE_LIMIT: usize = 64 * 1024;
+/// Block tables up to this many entries stay in the JSON; larger ones go to the
+/// safetensors sibling.
+pub const TABLE_INLINE_MAX: usize = 64 * 1024;
 /// Largest corpus JSON file we read.
 pub const MAX_JSON_BYTES: u64 = 256 << 20;
 /// Largest sibling safetensors file we read.
@@ -118,8 +122,21 @@ struct CaseJson {
     max_model_len: usize,
     out_row_stride: usize,
     context_lens: ContextLens,
-    block_table: BlockTable,
+    block_table: BlockTableJson,
     tensors: TensorsJson,
+}
+
+/// The block table in the JSON: its `entries` inline up to [`TABLE_INLINE_MAX`], else
+/// in the sibling safetensors file (tensor `block_table`, I64 `[B, row_stride]`): an
+/// engine-sized table (millions of entries at block size 1) would make the JSON tens of
+/// megabytes.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BlockTableJson {
+    max_blocks: usize,
+    row_stride: usize,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    entries: Option<Vec<i64>>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -135,80 +152,9 @@ enum TensorsJson {
         kv_blocks: BTreeMap<String, String>,
     },
     /// A sibling safetensors file holding `q` (U8 `[B,N,H,D]`), `weights` (F32
-    /// `[B*N,H]`), `kv_block_ids` (I64 `[n]`) and `kv_blocks` (U8 `[n, bs*(D+4)]`).
+    /// `[B*N,H]`), `kv_block_ids` (I64 `[n]`) and `kv_blocks` (U8 `[n, bs*(D+4)]`);
+    /// and `block_table` (I64 `[B, row_stride]`) when the JSON's table has no entries.
     Safetensors(String),
-}
-
-/// An f32 that survives JSON: finite values as numbers, the rest as strings.
-#[derive(Clone, Copy, Debug)]
-struct F32Json(f32);
-
-impl Serialize for F32Json {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let v = self.0;
-        if v.is_finite() {
-            s.serialize_f32(v)
-        } else if v == f32::INFINITY {
-            s.serialize_str("inf")
-        } else if v == f32::NEG_INFINITY {
-            s.serialize_str("-inf")
-        } else {
-            s.serialize_str(&format!("{:#010x}", v.to_bits()))
-        }
-    }
-}
-
-impl<'de> Deserialize<'de> for F32Json {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Repr {
-            Num(f64),
-            Str(String),
-        }
-        match Repr::deserialize(d)? {
-            Repr::Num(x) => Ok(F32Json(x as f32)),
-            Repr::Str(s) => match s.to_ascii_lowercase().as_str() {
-                "inf" | "+inf" | "infinity" => Ok(F32Json(f32::INFINITY)),
-                "-inf" | "-infinity" => Ok(F32Json(f32::NEG_INFINITY)),
-                "nan" => Ok(F32Json(f32::NAN)),
-                h if h.starts_with("0x") => u32::from_str_radix(&h[2..], 16)
-                    .map(|b| F32Json(f32::from_bits(b)))
-                    .map_err(|_| serde::de::Error::custom(format!("bad f32 bit pattern {s:?}"))),
-                _ => Err(serde::de::Error::custom(format!(
-                    "expected a number, \"nan\", \"inf\", \"-inf\" or \"0x...\" bits, got {s:?}"
-                ))),
-            },
-        }
-    }
-}
-
-pub(crate) fn to_hex(bytes: &[u8]) -> String {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for &b in bytes {
-        s.push(HEX[(b >> 4) as usize] as char);
-        s.push(HEX[(b & 15) as usize] as char);
-    }
-    s
-}
-
-pub(crate) fn from_hex(s: &str) -> Result<Vec<u8>, String> {
-    let s = s.as_bytes();
-    if !s.len().is_multiple_of(2) {
-        return Err(format!("hex string has odd length {}", s.len()));
-    }
-    let nib = |c: u8| -> Result<u8, String> {
-        match c {
-            b'0'..=b'9' => Ok(c - b'0'),
-            b'a'..=b'f' => Ok(c - b'a' + 10),
-            b'A'..=b'F' => Ok(c - b'A' + 10),
-            _ => Err(format!("invalid hex character {:?}", c as char)),
-        }
-    };
-    s.chunks(2)
-        .map(|p| Ok(nib(p[0])? << 4 | nib(p[1])?))
-        .collect()
 }
 
 // ---- Load -------------------------------------------------------------------------
@@ -350,12 +296,17 @@ fn case_from_json(
     c: CaseJson,
     tensors: &mut TensorSource,
 ) -> Result<Case, CaseFileError> {
+    let table_in_tensors = c.block_table.entries.is_none();
     let mut case = Case {
         shape: c.shape,
         num_blocks: c.num_blocks,
         kv_block_stride: c.kv_block_stride,
         context_lens: c.context_lens,
-        block_table: c.block_table,
+        block_table: BlockTable {
+            max_blocks: c.block_table.max_blocks,
+            row_stride: c.block_table.row_stride,
+            entries: c.block_table.entries.unwrap_or_default(),
+        },
         max_model_len: c.max_model_len,
         out_row_stride: c.out_row_stride,
         q: Vec::new(),
@@ -367,6 +318,13 @@ fn case_from_json(
         .map_err(|e| ferr(path, format!("case.{}", e.field), e.message))?;
     let bb = case.shape.block_bytes();
     match c.tensors {
+        TensorsJson::Inline { .. } if table_in_tensors => {
+            return Err(ferr(
+                path,
+                "case.block_table.entries",
+                "missing (a table outside the JSON lives in the safetensors file, and this case has none)",
+            ));
+        }
         TensorsJson::Inline {
             q,
             weights,
@@ -409,8 +367,8 @@ fn case_from_json(
                 )
             })?;
             // Name the JSON file (what the user passed) and the tensor file with its field.
-            let loaded =
-                tensors(&st_path).and_then(|bytes| load_tensors(&st_path, &bytes, &mut case));
+            let loaded = tensors(&st_path)
+                .and_then(|bytes| load_tensors(&st_path, &bytes, &mut case, table_in_tensors));
             loaded.map_err(|e| {
                 ferr(
                     path,
@@ -435,7 +393,12 @@ fn sibling(json_path: &Path, rel: &str) -> Option<PathBuf> {
     Some(json_path.parent().unwrap_or(Path::new(".")).join(p))
 }
 
-fn load_tensors(path: &Path, bytes: &[u8], case: &mut Case) -> Result<(), CaseFileError> {
+fn load_tensors(
+    path: &Path,
+    bytes: &[u8],
+    case: &mut Case,
+    with_table: bool,
+) -> Result<(), CaseFileError> {
     use safetensors::{Dtype, SafeTensors};
     let st = SafeTensors::deserialize(bytes).map_err(|e| ferr(path, "header", e.to_string()))?;
     let get = |name: &str, dtype: Dtype| -> Result<(Vec<usize>, &[u8]), CaseFileError> {
@@ -476,6 +439,24 @@ fn load_tensors(path: &Path, bytes: &[u8], case: &mut Case) -> Result<(), CaseFi
         .chunks_exact(4)
         .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
         .collect();
+    if with_table {
+        let t = &mut case.block_table;
+        let (shape, e) = get("block_table", Dtype::I64)?;
+        if shape != [s.batch, t.row_stride] {
+            return Err(ferr(
+                path,
+                "block_table",
+                format!(
+                    "shape {shape:?}, expected [{}, {}] (batch, case.block_table.row_stride)",
+                    s.batch, t.row_stride
+                ),
+            ));
+        }
+        t.entries = e
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+    }
     let (id_shape, ids) = get("kv_block_ids", Dtype::I64)?;
     let (blk_shape, blks) = get("kv_blocks", Dtype::U8)?;
     let n = *id_shape.first().unwrap_or(&0);
@@ -524,7 +505,8 @@ pub fn save_case_file(path: &Path, file: &CaseFile) -> std::io::Result<()> {
     let c = &file.case;
     let tensor_bytes =
         c.q.len() + 4 * c.weights.len() + c.kv.blocks.values().map(Vec::len).sum::<usize>();
-    let tensors = if tensor_bytes <= INLINE_LIMIT {
+    let table_inline = c.block_table.entries.len() <= TABLE_INLINE_MAX;
+    let tensors = if tensor_bytes <= INLINE_LIMIT && table_inline {
         TensorsJson::Inline {
             q: to_hex(&c.q),
             weights: c.weights.iter().map(|&w| F32Json(w)).collect(),
@@ -541,7 +523,7 @@ pub fn save_case_file(path: &Path, file: &CaseFile) -> std::io::Result<()> {
             path.file_stem().and_then(|s| s.to_str()).unwrap_or("case")
         );
         let st_path = path.with_file_name(&st_name);
-        crate::util::write_atomic(&st_path, &tensors_to_safetensors(c)?)?;
+        crate::util::write_atomic(&st_path, &tensors_to_safetensors(c, !table_inline)?)?;
         TensorsJson::Safetensors(st_name)
     };
     let json = FileJson {
@@ -555,7 +537,11 @@ pub fn save_case_file(path: &Path, file: &CaseFile) -> std::io::Result<()> {
             max_model_len: c.max_model_len,
             out_row_stride: c.out_row_stride,
             context_lens: c.context_lens.clone(),
-            block_table: c.block_table.clone(),
+            block_table: BlockTableJson {
+                max_blocks: c.block_table.max_blocks,
+                row_stride: c.block_table.row_stride,
+                entries: table_inline.then(|| c.block_table.entries.clone()),
+            },
             tensors,
         },
     };
@@ -564,8 +550,9 @@ pub fn save_case_file(path: &Path, file: &CaseFile) -> std::io::Result<()> {
     crate::util::write_atomic(path, &text)
 }
 
-/// The case's tensors as a safetensors blob (names as in [`TensorsJson::Safetensors`]).
-pub fn tensors_to_safetensors(c: &Case) -> std::io::Result<Vec<u8>> {
+/// The case's tensors as a safetensors blob (names as in [`TensorsJson::Safetensors`]),
+/// with the block table too when `with_table`.
+pub fn tensors_to_safetensors(c: &Case, with_table: bool) -> std::io::Result<Vec<u8>> {
     use safetensors::{tensor::TensorView, Dtype};
     let s = &c.shape;
     let w: Vec<u8> = c.weights.iter().flat_map(|w| w.to_le_bytes()).collect();
@@ -575,9 +562,18 @@ pub fn tensors_to_safetensors(c: &Case) -> std::io::Result<Vec<u8>> {
             .flat_map(|&id| (id as i64).to_le_bytes())
             .collect();
     let blks: Vec<u8> = c.kv.blocks.values().flatten().copied().collect();
+    let table: Vec<u8> = if with_table {
+        c.block_table
+            .entries
+            .iter()
+            .flat_map(|e| e.to_le_bytes())
+            .collect()
+    } else {
+        Vec::new()
+    };
     let n = c.kv.blocks.len();
     let e = |e: safetensors::SafeTensorError| std::io::Error::other(e.to_string());
-    let views = vec![
+    let mut views = vec![
         (
             "q",
             TensorView::new(
@@ -600,59 +596,12 @@ pub fn tensors_to_safetensors(c: &Case) -> std::io::Result<Vec<u8>> {
             TensorView::new(Dtype::U8, vec![n, s.block_bytes()], &blks).map_err(e)?,
         ),
     ];
+    if with_table {
+        let shape = vec![s.batch, c.block_table.row_stride];
+        views.push((
+            "block_table",
+            TensorView::new(Dtype::I64, shape, &table).map_err(e)?,
+        ));
+    }
     safetensors::serialize(views, None).map_err(e)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn round_trip(bits: u32) -> u32 {
-        let text = serde_json::to_string(&F32Json(f32::from_bits(bits))).unwrap();
-        serde_json::from_str::<F32Json>(&text).unwrap().0.to_bits()
-    }
-
-    /// Finite f32s travel as JSON numbers (shortest repr, parsed via f64) and the rest as
-    /// strings: every bit pattern must come back unchanged, including subnormals and NaN
-    /// payloads. Walks a stride through all 2^32 patterns plus the edges of each binade.
-    #[test]
-    fn f32_json_round_trips_bit_exactly() {
-        let mut bits: u32 = 0;
-        loop {
-            assert_eq!(round_trip(bits), bits, "{bits:#010x}");
-            let (next, overflow) = bits.overflowing_add(65_521); // prime stride
-            if overflow {
-                break;
-            }
-            bits = next;
-        }
-        for e in 0..=255u32 {
-            for m in [0u32, 1, 2, 0x3F_FFFF, 0x40_0000, 0x7F_FFFE, 0x7F_FFFF] {
-                for s in [0u32, 1 << 31] {
-                    let b = s | e << 23 | m;
-                    assert_eq!(round_trip(b), b, "{b:#010x}");
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn f32_json_accepts_the_documented_strings() {
-        let p = |s: &str| serde_json::from_str::<F32Json>(s).map(|x| x.0);
-        assert_eq!(p("\"inf\"").unwrap(), f32::INFINITY);
-        assert_eq!(p("\"-inf\"").unwrap(), f32::NEG_INFINITY);
-        assert!(p("\"nan\"").unwrap().is_nan());
-        assert_eq!(p("\"0x7fc00001\"").unwrap().to_bits(), 0x7FC0_0001);
-        assert_eq!(p("1.5").unwrap(), 1.5);
-        assert!(p("\"one\"").is_err());
-        assert!(p("\"0xZZ\"").is_err());
-    }
-
-    #[test]
-    fn hex_codec() {
-        assert_eq!(to_hex(&[0x00, 0x7f, 0x80, 0xff]), "007f80ff");
-        assert_eq!(from_hex("007F80ff").unwrap(), vec![0x00, 0x7f, 0x80, 0xff]);
-        assert!(from_hex("abc").is_err());
-        assert!(from_hex("zz").is_err());
-    }
 }

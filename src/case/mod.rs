@@ -5,12 +5,13 @@
 //! physical block id. That is what lets a case describe a cache of many GiB (block ids
 //! whose byte offsets pass 2^31 and 2^32) while holding a few MiB on the host.
 
+mod encoding;
 mod io;
 mod validate;
 
 pub use io::{
     load_case_bytes, load_case_file, save_case_file, tensors_to_safetensors, CaseFile,
-    CaseFileError, Expected, Provenance, FORMAT_VERSION,
+    CaseFileError, Expected, Provenance, FORMAT_VERSION, TABLE_INLINE_MAX,
 };
 pub(crate) use validate::validate_shape_dims;
 pub use validate::{CaseError, MAX_NEXT_N};
