@@ -2,8 +2,8 @@
 //! `kernels/external/PROTOCOL.md`): the messages, and the tensors of a case.
 //!
 //! Control travels as JSON lines on the worker's stdin/stdout. Tensors travel, in
-//! version 2, through one shared-memory region per worker (`super::shm`), reused case
-//! after case; in version 1, as safetensors files in a per-worker temporary directory.
+//! version 2, through shared-memory regions (`super::shm`) reused case after case, the
+//! output written in place in the region the harness judges it from; in version 1, as safetensors files in a per-worker temporary directory.
 //! Either way they are the same tensors ([`wire_tensors`]), because a case can hold
 //! gigabytes (a 2 GiB output) that no one wants inside a JSON line.
 
