@@ -51,7 +51,9 @@ fn poisoned(n: usize) -> Vec<f32> {
 /// worker pool's shared region, which the worker writes in place, so that the output
 /// never crosses between the processes as a copy.
 pub trait OutputStorage: Send + Sync {
-    /// The elements (at least the buffer's length; the buffer uses a prefix).
+    /// The elements (at least the buffer's length; the buffer uses a prefix). Must be
+    /// the same memory on every call for as long as the storage lives: the buffer keeps
+    /// its address, so an element access is not a dynamic call.
     fn elems(&self) -> &[f32];
     fn elems_mut(&mut self) -> &mut [f32];
     /// For the kernel that made it to recognise its own storage.
@@ -60,8 +62,12 @@ pub trait OutputStorage: Send + Sync {
 
 enum Storage {
     Heap(Vec<f32>),
-    /// The first `len` elements of the storage.
-    Shared(Box<dyn OutputStorage>, usize),
+    /// The first `len` elements of the storage, at `ptr` (its `elems_mut()`).
+    Shared {
+        storage: Box<dyn OutputStorage>,
+        ptr: *mut f32,
+        len: usize,
+    },
 }
 
 pub struct OutputBuffer {
@@ -76,6 +82,11 @@ pub struct OutputBuffer {
     /// this one over, and a worker need not be sent it.
     pristine: bool,
 }
+
+// SAFETY: the raw pointer of a shared buffer points into the storage the buffer owns
+// (itself `Send + Sync`), and is only used through `&self` (reads) or `&mut self`.
+unsafe impl Send for OutputBuffer {}
+unsafe impl Sync for OutputBuffer {}
 
 impl Clone for OutputBuffer {
     /// A copy on the heap (of a shared buffer too).
@@ -96,7 +107,7 @@ impl std::fmt::Debug for OutputBuffer {
             .field("rows", &self.rows)
             .field("row_stride", &self.row_stride)
             .field("cols", &self.cols)
-            .field("shared", &matches!(self.data, Storage::Shared(..)))
+            .field("shared", &matches!(self.data, Storage::Shared { .. }))
             .field("pristine", &self.pristine)
             .finish()
     }
@@ -139,17 +150,19 @@ impl OutputBuffer {
         rows: usize,
         cols: usize,
         row_stride: usize,
-        storage: Box<dyn OutputStorage>,
+        mut storage: Box<dyn OutputStorage>,
         pristine: bool,
     ) -> Self {
         assert!(row_stride >= cols);
-        let n = Self::raw_len(rows, row_stride);
-        assert!(storage.elems().len() >= n, "output storage too small");
+        let len = Self::raw_len(rows, row_stride);
+        let elems = storage.elems_mut();
+        assert!(elems.len() >= len, "output storage too small");
+        let ptr = elems.as_mut_ptr();
         OutputBuffer {
             rows,
             row_stride,
             cols,
-            data: Storage::Shared(storage, n),
+            data: Storage::Shared { storage, ptr, len },
             pristine,
         }
     }
@@ -160,21 +173,27 @@ impl OutputBuffer {
         self.pristine = false;
         match &mut self.data {
             Storage::Heap(_) => None,
-            Storage::Shared(s, _) => Some(s.as_mut()),
+            Storage::Shared { storage, .. } => Some(storage.as_mut()),
         }
     }
 
     fn data(&self) -> &[f32] {
         match &self.data {
             Storage::Heap(v) => v,
-            Storage::Shared(s, n) => &s.elems()[..*n],
+            // SAFETY: `ptr` is the storage's own memory of at least `len` elements
+            // (checked in `over`), the same for its whole life (the trait's contract),
+            // and the storage lives as long as `self`.
+            Storage::Shared { ptr, len, .. } => unsafe { std::slice::from_raw_parts(*ptr, *len) },
         }
     }
 
     fn data_mut(&mut self) -> &mut [f32] {
         match &mut self.data {
             Storage::Heap(v) => v,
-            Storage::Shared(s, n) => &mut s.elems_mut()[..*n],
+            // SAFETY: as in `data`, through `&mut self`.
+            Storage::Shared { ptr, len, .. } => unsafe {
+                std::slice::from_raw_parts_mut(*ptr, *len)
+            },
         }
     }
 
