@@ -76,6 +76,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         device: "cpu".into(),
         capabilities: caps,
         compile_key: Vec::new(),
+        draws_values: false,
+        judges_on_device: false,
     }));
     let small = OutputBuffer::new(2, 3, 4);
     let out_path = tmp.join("out.st");
@@ -87,6 +89,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         inputs_intact: Some(true),
         device_bytes: Some(4096),
         phases_us: [("kernel".to_string(), 12.5)].into_iter().collect(),
+        judgement: None,
+        output_written: None,
     }
     .to_line()
     .into_bytes();

@@ -8,6 +8,8 @@
 // pipeline_blocks: one thread per (block, token): D key words of stream BLOCK | block,
 //                  starting at word token * D; codes at the layout's offsets, then the
 //                  token's f32 scale after the block's values.
+// pipeline_blocks_at: the same, each block straight into its slot of a device cache (a
+//                  case's keys drawn where the kernel reads them).
 
 #define BLOCK_STREAM 0x8000000000000000ULL
 
@@ -91,6 +93,26 @@ __device__ float quantize_token(unsigned long long seed, unsigned long long s, u
     return (float)scale;
 }
 
+// Token slot p of block `index` of the draw, into the block's bytes at `blk`: its D codes at
+// the layout's offsets, then its f32 scale after the block's values.
+__device__ void draw_token(unsigned long long seed, unsigned long long index, int p, int block_size, int d,
+                           int fnuz, int shuffle16, const unsigned short* table, unsigned char* blk) {
+    unsigned char codes[128];
+    float scale = quantize_token(seed, BLOCK_STREAM | index, (unsigned long long)p * d, d, fnuz, table, codes);
+    for (int j = 0; j < d; ++j) {
+        long long off = shuffle16
+            ? (long long)(p / 16) * 16 * d + (j / 16) * 256 + (p % 16) * 16 + j % 16
+            : (long long)p * d + j;
+        blk[off] = codes[j];
+    }
+    unsigned int sb = __float_as_uint(scale);
+    long long so = (long long)block_size * d + 4LL * p;
+    blk[so] = sb & 0xFF;
+    blk[so + 1] = (sb >> 8) & 0xFF;
+    blk[so + 2] = (sb >> 16) & 0xFF;
+    blk[so + 3] = (sb >> 24) & 0xFF;
+}
+
 extern "C" __global__ void pipeline_rows(unsigned long long seed, int rows, int heads, int d, int fnuz,
                                          float head_scale, const unsigned short* table,
                                          unsigned char* q, float* weights) {
@@ -111,20 +133,21 @@ extern "C" __global__ void pipeline_blocks(unsigned long long seed, int n_blocks
     if (i >= (long long)n_blocks * block_size) return;
     long long b = i / block_size;
     int p = (int)(i % block_size);
-    unsigned char codes[128];
-    unsigned char* blk = blocks + b * block_bytes;
-    float scale = quantize_token(seed, BLOCK_STREAM | (unsigned long long)b,
-                                 (unsigned long long)p * d, d, fnuz, table, codes);
-    for (int j = 0; j < d; ++j) {
-        long long off = shuffle16
-            ? (long long)(p / 16) * 16 * d + (j / 16) * 256 + (p % 16) * 16 + j % 16
-            : (long long)p * d + j;
-        blk[off] = codes[j];
-    }
-    unsigned int sb = __float_as_uint(scale);
-    long long so = (long long)block_size * d + 4LL * p;
-    blk[so] = sb & 0xFF;
-    blk[so + 1] = (sb >> 8) & 0xFF;
-    blk[so + 2] = (sb >> 16) & 0xFF;
-    blk[so + 3] = (sb >> 24) & 0xFF;
+    draw_token(seed, (unsigned long long)b, p, block_size, d, fnuz, shuffle16, table, blocks + b * block_bytes);
+}
+
+// The keys of a drawn cache straight into their slots of the device cache: one thread
+// per (stored block, token); block k has physical id ids[k] and draw index index[k]
+// (stream BLOCK | index[k]), exactly the bytes pipeline_blocks gives block index[k].
+// Stride padding keeps its poison.
+extern "C" __global__ void pipeline_blocks_at(unsigned long long seed, long long n_blocks, int block_size,
+                                              int d, int fnuz, int shuffle16, const unsigned short* table,
+                                              unsigned char* kv, unsigned long long stride,
+                                              const unsigned long long* ids,
+                                              const unsigned long long* index) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n_blocks * block_size) return;
+    long long k = i / block_size;
+    int p = (int)(i % block_size);
+    draw_token(seed, index[k], p, block_size, d, fnuz, shuffle16, table, kv + ids[k] * stride);
 }

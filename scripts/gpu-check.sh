@@ -8,8 +8,9 @@
 # quick       ~5 min, 1 GPU              `mqa-fuzz kernels`; `gpu-selfcheck` (the CUDA kernels against
 #                                        the CPU reference on random cases, every planted bug caught, the
 #                                        GPU reference bit-identical to the CPU, the device generator
-#                                        byte-identical to the CPU materialiser, the production case in
-#                                        time); `bench gpu`; the GPU integration tests (tests/cuda.rs);
+#                                        byte-identical to the CPU materialiser, the device judge's verdicts
+#                                        equal to the CPU judge's, the production case in time);
+#                                        `bench gpu`; the GPU integration tests (tests/cuda.rs);
 #                                        a 45 s cuda:tiled vs cpu:chunked campaign and a 60 s campaign on
 #                                        a planted bug (found, shrunk, saved)
 # production  ~8 min, 1 GPU, ~90 GiB     `--profile production` at full size (engine-sized KV pools):
@@ -49,7 +50,7 @@
 # DeepGEMM sources into DIR; copy DIR over and run DIR/gpu-check.sh [CHECK...] there.
 #
 # Output: every check prints what it finds; logs, reports and saved cases go under $OUT
-# (default: a new temporary directory, printed). Knobs: CASES, REFERENCE_CASES, GENERATOR_CASES, PROFILE,
+# (default: a new temporary directory, printed). Knobs: CASES, REFERENCE_CASES, GENERATOR_CASES, JUDGE_CASES, PROFILE,
 # RUN_BUDGET, BUG_BUDGET (quick); BUDGET, SEED, OLD_BIN (production); KERNELS (deepgemm);
 # BUDGET, SEED, OLD_BIN, OLD_ADAPTERS, PROFILES, TILED_BUDGET (0: none), TILED_PROFILES (speed);
 # TORCH=0 skips the torch campaigns.
@@ -164,7 +165,7 @@ check_quick() {
     machine
     "$B" kernels | grep -A1 '^cuda:naive\|^cuda:tiled '
     "$B" gpu-selfcheck --cases "${CASES:-40}" --reference-cases "${REFERENCE_CASES:-40}" \
-        --generator-cases "${GENERATOR_CASES:-200}" 2>&1 | tee "$W/logs/selfcheck.log"
+        --generator-cases "${GENERATOR_CASES:-200}" --judge-cases "${JUDGE_CASES:-210}" 2>&1 | tee "$W/logs/selfcheck.log"
     echo "selfcheck exit ${PIPESTATUS[0]}"
     "$B" bench gpu 2>&1 | tee "$W/logs/bench-gpu.log"
     echo "bench exit ${PIPESTATUS[0]}"

@@ -35,10 +35,16 @@ pub enum Class {
     Topk,
     /// Two kernels disagree beyond both their bounds.
     Divergent,
+    /// The device judge and the CPU disagree (DESIGN §8): the GPU reference's bits at a
+    /// re-checked element differ from the CPU reference's, the device classed an
+    /// element otherwise than the CPU does, or the CPU judge of an output the device
+    /// flagged counts other classes. A bug of mqa-fuzz or of the GPU, never of the
+    /// kernel under test; loud on purpose.
+    OracleDisagreement,
 }
 
 impl Class {
-    pub const ALL: [Class; 12] = [
+    pub const ALL: [Class; 13] = [
         Class::Mismatch,
         Class::Nan,
         Class::Inf,
@@ -51,6 +57,7 @@ impl Class {
         Class::BatchVariant,
         Class::Topk,
         Class::Divergent,
+        Class::OracleDisagreement,
     ];
 
     pub fn name(self) -> &'static str {
@@ -67,6 +74,7 @@ impl Class {
             Class::BatchVariant => "batch_variant",
             Class::Topk => "topk",
             Class::Divergent => "divergent",
+            Class::OracleDisagreement => "oracle_disagreement",
         }
     }
 

@@ -1,11 +1,14 @@
 //! Runs one case on one kernel and judges it: the unit of work of every command.
 //!
 //! The harness owns the output buffer (poisoned, guarded), computes the reference once
-//! per scale placement and case, and hands both to the oracle.
+//! per scale placement and case, and hands both to the oracle. A kernel whose output is
+//! on a GPU that can judge it is judged there instead (DESIGN §8, `oracle::device`): only
+//! the judgement comes back, the CPU re-checks a sample of it, and the output and the CPU
+//! reference are fetched only for a judgement with findings.
 
 use crate::case::{Case, ScalePlacement};
-use crate::kernel::{Kernel, OutputBuffer};
-use crate::oracle::{self, OracleConfig, Verdict};
+use crate::kernel::{Kernel, OutputBuffer, RunError};
+use crate::oracle::{self, Class, JudgeMode, OracleConfig, Verdict};
 use crate::reference::{self, Reference, RowSelection};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -31,6 +34,11 @@ impl<'a> ReferenceCache<'a> {
             by_placement: HashMap::new(),
             time: Duration::ZERO,
         }
+    }
+
+    /// Whether every row and position is computed (not a sampled verification).
+    pub fn is_full(&self) -> bool {
+        self.selection == RowSelection::All
     }
 
     pub fn get(&mut self, placement: ScalePlacement) -> &Reference {
@@ -65,7 +73,7 @@ impl<'a> ReferenceCache<'a> {
 
 fn scales_positive(case: &Case) -> bool {
     let s = &case.shape;
-    case.kv.blocks.values().all(|b| {
+    case.kv.iter().all(|(_, b)| {
         (0..s.block_size).all(|p| {
             let x = case.k_scale(b, p);
             x.is_finite() && x > 0.0
@@ -86,6 +94,30 @@ pub struct Judged {
     pub judge: Duration,
     /// Set when the environment broke (driver gone, adapter missing): stop, exit 3.
     pub environment_error: Option<String>,
+    /// Judged on the device: each row's digest of V(r) (what properties compare when
+    /// there is no `output`), and whether the CPU then judged the fetched output too.
+    pub device: Option<DeviceSide>,
+}
+
+/// What a run judged on the device leaves for the rest of the campaign.
+pub struct DeviceSide {
+    pub row_digests: Vec<u64>,
+    /// Elements the CPU re-checked.
+    pub rechecked: u64,
+    /// The judgement held a finding: the output came back and the CPU judged it.
+    pub cpu_judged: bool,
+}
+
+/// Where `kernel` judges `case` under `mode`: `Err(why the CPU)` when not on its device.
+pub fn judge_site(kernel: &dyn Kernel, case: &Case, mode: JudgeMode) -> Result<(), String> {
+    if mode == JudgeMode::Cpu {
+        return Err("--judge cpu".into());
+    }
+    kernel.device_judge()?;
+    match crate::kernel::device_judge::rejects(&case.shape) {
+        Some(why) => Err(why),
+        None => Ok(()),
+    }
 }
 
 /// Runs `case` on `kernel` and judges the result.
@@ -109,7 +141,11 @@ pub fn run_and_judge(
             setup: start.elapsed(),
             judge: Duration::ZERO,
             environment_error: None,
+            device: None,
         };
+    }
+    if judge_site(kernel, case, cfg.judge).is_ok() {
+        return run_and_judge_on_device(kernel, case, refs, cfg, start);
     }
     let mut out = kernel.output_for(case);
     let setup = start.elapsed();
@@ -136,6 +172,78 @@ pub fn run_and_judge(
         setup,
         judge,
         environment_error,
+        device: None,
+    }
+}
+
+/// [`run_and_judge`] on the device: the kernel runs and its output is judged where it
+/// lies; the CPU re-checks the sampled elements; a judgement with findings brings the
+/// output back, and the CPU judges it as always (its counts must be the device's).
+fn run_and_judge_on_device(
+    kernel: &dyn Kernel,
+    case: &Case,
+    refs: &mut ReferenceCache,
+    cfg: &OracleConfig,
+    start: Instant,
+) -> Judged {
+    let caps = kernel.capabilities();
+    let req = oracle::device::request(case, caps, oracle::device::case_seed(case));
+    let mut out = kernel.output_for_judged(case);
+    let setup = start.elapsed();
+    let result = kernel.run_judged(case, &req, &mut out);
+    let queued = result.as_ref().ok().and_then(|r| r.info.queue_wait);
+    let wall = start.elapsed().saturating_sub(queued.unwrap_or_default());
+    let judge_start = Instant::now();
+    let run = match result {
+        Ok(run) => run,
+        Err(e) => {
+            let environment_error = match &e {
+                RunError::Environment(m) => Some(m.clone()),
+                _ => None,
+            };
+            return Judged {
+                verdict: oracle::error_verdict(&e),
+                output: None,
+                wall,
+                setup,
+                judge: judge_start.elapsed(),
+                environment_error,
+                device: None,
+            };
+        }
+    };
+    let j = &run.judgement;
+    let (mut verdict, output) = if run.output_written {
+        let reference = refs.get(caps.scale_placement);
+        let mut v = oracle::judge(case, reference, caps, Ok((&run.info, &out)), cfg);
+        if refs.is_full() {
+            if let Some(msg) = oracle::device::compare_counts(caps, j, &v) {
+                v.add_case_finding(Class::OracleDisagreement, msg);
+            }
+        }
+        (v, Some(out))
+    } else {
+        (oracle::device::device_verdict(case, caps, &run, cfg), None)
+    };
+    let rechecked = match oracle::device::recheck(case, caps, j) {
+        Ok(n) => n,
+        Err(msg) => {
+            verdict.add_case_finding(Class::OracleDisagreement, msg);
+            0
+        }
+    };
+    Judged {
+        verdict,
+        output,
+        wall,
+        setup,
+        judge: judge_start.elapsed(),
+        environment_error: None,
+        device: Some(DeviceSide {
+            row_digests: run.judgement.row_digests.clone(),
+            rechecked,
+            cpu_judged: run.output_written,
+        }),
     }
 }
 

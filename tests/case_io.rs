@@ -219,11 +219,11 @@ for k in sorted(t):
     let sum = |b: &[u8]| b.iter().map(|&x| x as u64).sum::<u64>();
     let w: Vec<u8> = c.weights.iter().flat_map(|w| w.to_le_bytes()).collect();
     let ids: Vec<u8> =
-        c.kv.blocks
-            .keys()
-            .flat_map(|&i| (i as i64).to_le_bytes())
+        c.kv.ids()
+            .into_iter()
+            .flat_map(|i| (i as i64).to_le_bytes())
             .collect();
-    let blocks: Vec<u8> = c.kv.blocks.values().flatten().copied().collect();
+    let blocks: Vec<u8> = c.kv.iter().flat_map(|(_, b)| b).copied().collect();
     let table: Vec<u8> = c
         .block_table
         .entries
@@ -254,7 +254,7 @@ for k in sorted(t):
         s.rows(),
         s.heads,
         sum(&w),
-        n = c.kv.blocks.len(),
+        n = c.kv.len(),
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout), want);
 }
@@ -330,7 +330,7 @@ fn validation_errors_name_field_value_and_limit() {
     rejects(
         |c| {
             let id = c.block_table.entries[0] as u64;
-            c.kv.blocks.remove(&id);
+            c.kv.remove(id);
         },
         "block_table.entries[0][0]",
         &["not stored"],
@@ -408,16 +408,15 @@ fn validation_errors_name_field_value_and_limit() {
     );
     rejects(
         |c| {
-            c.kv.blocks
-                .insert(c.num_blocks + 5, vec![0; c.shape.block_bytes()]);
+            c.kv.insert(c.num_blocks + 5, vec![0; c.shape.block_bytes()]);
         },
         "kv_block_ids",
         &["outside 0..num_blocks"],
     );
-    let first = *base().kv.blocks.keys().next().unwrap();
+    let first = base().kv.ids()[0];
     rejects(
         |c| {
-            c.kv.blocks.get_mut(&first).unwrap().pop();
+            c.kv.get_mut(first).unwrap().pop();
         },
         &format!("kv_blocks[{first}]"),
         &["575", "576"],

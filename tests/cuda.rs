@@ -30,6 +30,18 @@ fn main() {
             "gpu_selection_is_parsed_and_checked",
             gpu_selection_is_parsed_and_checked,
         ),
+        trial(
+            "a_write_anywhere_in_the_cache_is_an_input_mutation",
+            a_write_anywhere_in_the_cache_is_an_input_mutation,
+        ),
+        trial(
+            "judge_auto_chooses_the_cpu_without_a_gpu_and_gpu_is_refused",
+            judge_auto_chooses_the_cpu_without_a_gpu_and_gpu_is_refused,
+        ),
+        trial(
+            "a_device_judged_campaign_finds_a_planted_bug_and_agrees_with_the_cpu",
+            a_device_judged_campaign_finds_a_planted_bug_and_agrees_with_the_cpu,
+        ),
     ])
 }
 
@@ -154,5 +166,146 @@ fn gpu_selection_is_parsed_and_checked() -> Ran {
     if gpu().is_err() {
         assert!(cuda::select_gpus("all").is_err());
     }
+    Ok(())
+}
+
+/// The cache is checked in one read after the run (`DeviceCase::input_hashes`): a word
+/// changed in a stored block, in an unreferenced block or in a block's stride padding
+/// each makes the hashes differ from the ones taken before the run.
+fn a_write_anywhere_in_the_cache_is_an_input_mutation() -> Ran {
+    gpu()?;
+    // Strides of 16-byte multiples are read 16 bytes at a time, others a word at a time.
+    for pad in [16, 12] {
+        let case = recipe(vec![300, 700], 2)
+            .with(|k| k.kv_stride_pad = pad)
+            .materialize();
+        assert_eq!(case.kv_block_stride.is_multiple_of(16), pad == 16);
+        mutations_are_seen(&case)?;
+    }
+    Ok(())
+}
+
+fn mutations_are_seen(case: &mqa_fuzz::case::Case) -> Ran {
+    use mqa_fuzz::kernel::cuda::memory::DeviceCase;
+    let stored = case.kv.ids();
+    let unreferenced = (0..case.num_blocks)
+        .find(|id| !stored.contains(id))
+        .unwrap();
+    let bb = case.shape.block_bytes() as u64;
+    let stride = case.kv_block_stride;
+    for (what, at) in [
+        ("a stored block", stored[0] * stride + 8),
+        ("an unreferenced block", unreferenced * stride),
+        ("stride padding", stored[1] * stride + bb + 4),
+    ] {
+        let changed = cuda::device::with_gpu(|gpu| {
+            let dc = DeviceCase::upload_poisoned(gpu, case)?;
+            let before = dc.input_hashes(gpu, false)?;
+            let same = dc.input_hashes(gpu, true)?;
+            assert_eq!(before, same, "nothing written yet");
+            dc.kv.upload(at, &[0x1234_5678u32]).unwrap();
+            Ok(before != dc.input_hashes(gpu, true)?)
+        })
+        .map_err(|e| format!("{e:?}"))?;
+        assert!(changed, "a write into {what} went unnoticed");
+    }
+    Ok(())
+}
+
+/// `--judge auto` says in one line where a kernel is judged (the CPU for a CPU kernel);
+/// `--judge gpu` with a kernel that cannot is exit 2 with one line.
+fn judge_auto_chooses_the_cpu_without_a_gpu_and_gpu_is_refused() -> Ran {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |judge: &str| {
+        bin()
+            .current_dir(dir.path())
+            .args([
+                "run",
+                "-k",
+                "cpu:naive",
+                "--cases",
+                "1",
+                "--no-replay",
+                "--judge",
+                judge,
+            ])
+            .output()
+            .unwrap()
+    };
+    let out = run("auto");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("mqa-fuzz: judge:"))
+        .unwrap();
+    assert!(
+        line.contains("cpu:naive on the CPU (cpu:naive leaves its output in host memory)"),
+        "{line}"
+    );
+    let out = run("gpu");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    // The campaign's first line (seed, report), then the error in one line.
+    let last = err.trim().lines().last().unwrap();
+    assert!(
+        last.starts_with("mqa-fuzz: --judge gpu: cpu:naive"),
+        "{err}"
+    );
+    assert_eq!(err.matches("--judge").count(), 2, "one line: {err}");
+    Ok(())
+}
+
+/// On the GPU: a planted bug is found by a campaign judged on the device (its output
+/// then comes back, the CPU judges it too and the counts agree: no
+/// `oracle_disagreement`), and the clean kernel's campaign is judged on the device.
+fn a_device_judged_campaign_finds_a_planted_bug_and_agrees_with_the_cpu() -> Ran {
+    gpu()?;
+    let dir = tempfile::tempdir().unwrap();
+    let campaign = |kernel: &str| {
+        let out = bin()
+            .current_dir(dir.path())
+            .args([
+                "run",
+                "-k",
+                kernel,
+                "--profile",
+                "production",
+                "--cases",
+                "6",
+                "--seed",
+                "3",
+            ])
+            .args([
+                "--no-replay",
+                "--judge",
+                "gpu",
+                "--report",
+                kernel,
+                "--no-shrink",
+            ])
+            .output()
+            .unwrap();
+        let report: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(dir.path().join(kernel).join("report.json")).unwrap(),
+        )
+        .unwrap();
+        (out.status.code(), report)
+    };
+    let (code, r) = campaign("cuda:tiled");
+    assert_eq!(code, Some(0), "{r}");
+    let judge = &r["per_kernel"]["cuda:tiled"]["judge"];
+    assert_eq!(judge["device_cases"], 6, "{judge}");
+    assert!(judge["rechecked_elements"].as_u64().unwrap() > 0, "{judge}");
+    let (code, r) = campaign("cuda:bug-offset32-kv");
+    assert_eq!(code, Some(1), "{r}");
+    let text = r.to_string();
+    assert!(!text.contains("oracle_disagreement"), "{text}");
+    assert!(
+        r["per_kernel"]["cuda:bug-offset32-kv"]["judge"]["device_then_cpu"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
     Ok(())
 }

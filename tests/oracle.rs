@@ -294,7 +294,7 @@ fn tie_fixture() -> (Fixture, Vec<usize>) {
     let scale = case.k_scale(&block, p);
     for &t in &copies {
         let (id, p) = case.token_location(0, t);
-        Case::write_token(&s, case.kv.blocks.get_mut(&id).unwrap(), p, &codes, scale);
+        Case::write_token(&s, case.kv.get_mut(id).unwrap(), p, &codes, scale);
     }
     let mut tied = copies;
     tied.push(top);

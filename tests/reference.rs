@@ -49,7 +49,7 @@ fn naive_logit(c: &Case, placement: ScalePlacement, r: usize, t: usize) -> f64 {
     let (n, h_, d_, bs) = (s.next_n, s.heads, s.head_dim, s.block_size);
     let (b, i) = (r / n, r % n);
     let id = c.block_table.entries[b * c.block_table.row_stride + t / bs] as u64;
-    let block = &c.kv.blocks[&id];
+    let block = c.kv.get(id).unwrap();
     let p = t % bs;
     let off = |d: usize| match s.layout {
         ValueLayout::Normal => p * d_ + d,
@@ -188,7 +188,7 @@ fn reference_matches_naive_on_generated_cases() {
 fn negative_scales_compared_in_both_placements() {
     let mut c = recipe(vec![40], 1).materialize();
     let s = c.shape.clone();
-    for block in c.kv.blocks.values_mut() {
+    for block in c.kv.values_mut() {
         for p in 0..s.block_size {
             let o = s.block_size * s.head_dim + 4 * p;
             let x = -f32::from_le_bytes(block[o..o + 4].try_into().unwrap());
@@ -252,7 +252,7 @@ fn hand_case(
         out_row_stride: mml + 1,
         q,
         weights,
-        kv: SparseKvCache { blocks },
+        kv: SparseKvCache::stored(blocks),
     };
     case.validate().unwrap();
     case

@@ -178,7 +178,7 @@ fn build(r: &RawCase) -> Case {
             n += 1;
             block.extend_from_slice(&cycle(&r.scales, n, 1.0).to_le_bytes());
         }
-        case.kv.blocks.insert(id, block);
+        case.kv.insert(id, block);
     }
     case
 }
@@ -198,7 +198,7 @@ fn production_domain(case: &Case) -> bool {
     let s = &case.shape;
     case.q.iter().all(|&c| !f.is_nan_code(c))
         && case.weights.iter().all(|w| w.is_finite())
-        && case.kv.blocks.values().all(|blk| {
+        && case.kv.iter().all(|(_, blk)| {
             blk[..s.block_size * s.head_dim]
                 .iter()
                 .all(|&c| !f.is_nan_code(c))

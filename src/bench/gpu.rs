@@ -185,6 +185,7 @@ pub fn precompile(arch: &str) -> Result<usize, String> {
     one(Program::Util, vec![])?;
     one(Program::Naive, vec![])?;
     one(Program::Generate, vec![])?;
+    one(Program::Judge, vec![])?;
     for dd in [64, 128] {
         for tuning in ReferenceTuning::ALL {
             one(Program::Reference, tuning.defines(dd))?;
@@ -262,6 +263,7 @@ pub fn selfcheck(
     cases: usize,
     reference_cases: usize,
     generator_cases: usize,
+    judge_cases: usize,
 ) -> Result<i32, Fatal> {
     device::availability().map_err(Fatal::environment)?;
     let mut failures = 0usize;
@@ -277,6 +279,11 @@ pub fn selfcheck(
     .map_err(|e| Fatal::environment(format!("{e:?}")))?;
     line(format!("device: {info}"));
     let cfg = OracleConfig::default();
+    // Section 1 measures the kernels' own error on the CPU judge (it reads the output).
+    let cpu_cfg = OracleConfig {
+        judge: crate::oracle::JudgeMode::Cpu,
+        ..OracleConfig::default()
+    };
 
     // 1. Random cases against the exact CPU reference.
     for variant in [Variant::Naive, Variant::Tiled(None)] {
@@ -286,7 +293,7 @@ pub fn selfcheck(
         for seed in 0..cases as u64 {
             let case = random_recipe(seed, variant == Variant::Naive).materialize();
             let mut refs = ReferenceCache::new(&case);
-            let j = harness::run_and_judge(&k, &case, &mut refs, &cfg);
+            let j = harness::run_and_judge(&k, &case, &mut refs, &cpu_cfg);
             let v = &j.verdict;
             if v.skipped.is_some() {
                 skipped += 1;
@@ -321,7 +328,13 @@ pub fn selfcheck(
         let mut refs = ReferenceCache::new(&case);
         let j = harness::run_and_judge(k.as_ref(), &case, &mut refs, &cfg);
         let v = &j.verdict;
-        let caught = !v.is_clean() && v.skipped.is_none();
+        // Judged on the device, the finding brings its output back to the CPU judge,
+        // whose counts must be the device's (else an oracle_disagreement).
+        let caught = !v.is_clean()
+            && v.skipped.is_none()
+            && !v
+                .classes
+                .contains_key(&crate::oracle::Class::OracleDisagreement);
         if !caught {
             failures += 1;
         }
@@ -354,6 +367,9 @@ pub fn selfcheck(
 
     // 3b. The device generator draws the CPU materialiser's bytes.
     failures += super::generator::identity(generator_cases);
+
+    // 3c. The device judge gives the CPU judge's verdicts; keys drawn in place.
+    failures += super::device_judge::identity(judge_cases);
 
     // 4. Production case: tiled correctness (judged against the cross-checked GPU
     //    reference) and time.

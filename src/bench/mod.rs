@@ -4,6 +4,7 @@
 //! `gpu-selfcheck` / `gpu-precompile` commands. Application code: it drives the
 //! backends, none of them imports it.
 
+pub mod device_judge;
 pub mod generator;
 pub mod gpu;
 pub mod judge;

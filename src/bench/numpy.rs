@@ -54,8 +54,12 @@ pub fn write_case(case: &Case, placement: ScalePlacement, path: &Path) -> std::i
     let e = |e: safetensors::SafeTensorError| std::io::Error::other(e.to_string());
     let le = |xs: &mut dyn Iterator<Item = [u8; 8]>| -> Vec<u8> { xs.flatten().collect() };
     let weights: Vec<u8> = case.weights.iter().flat_map(|w| w.to_le_bytes()).collect();
-    let ids = le(&mut case.kv.blocks.keys().map(|&id| (id as i64).to_le_bytes()));
-    let blocks: Vec<u8> = case.kv.blocks.values().flatten().copied().collect();
+    let ids = le(&mut case
+        .kv
+        .ids()
+        .into_iter()
+        .map(|id| (id as i64).to_le_bytes()));
+    let blocks: Vec<u8> = case.kv.iter().flat_map(|(_, b)| b).copied().collect();
     let table_entries = le(&mut case.block_table.entries.iter().map(|x| x.to_le_bytes()));
     let (lens, lens_shape) = match &case.context_lens {
         ContextLens::PerSequence(v) => (le(&mut v.iter().map(|x| x.to_le_bytes())), vec![s.batch]),
@@ -65,7 +69,7 @@ pub fn write_case(case: &Case, placement: ScalePlacement, path: &Path) -> std::i
         ),
     };
     let table = le(&mut s.format.table().iter().map(|&x| (x as f64).to_le_bytes()));
-    let n = case.kv.blocks.len();
+    let n = case.kv.len();
     let views = vec![
         (
             "q",

@@ -27,6 +27,10 @@ pub(super) struct Engine<'a> {
     pub production_verify: VerifyMode,
     /// Shape epochs over the kernels' compile key (`--shape-epoch`; `None`: off).
     pub epochs: Option<Epochs>,
+    /// Whether a kernel is judged on the CPU: then every case's keys are drawn on the
+    /// host with the case (else a GPU worker draws them, and the host only the few
+    /// blocks its re-check reads).
+    pub host_values: bool,
 }
 
 /// One kernel's judged run of a case.
@@ -39,6 +43,9 @@ pub(super) struct KernelRun {
     pub judge_secs: f64,
     /// The property checks of a generated case (`crate::property::check_case`).
     pub properties: Vec<crate::property::PropertyOutcome>,
+    /// Where it was judged: `Ok((elements re-checked, fetched for the CPU judge))` on
+    /// the device, `Err(why the CPU)`.
+    pub judged_on: Result<(u64, bool), String>,
 }
 
 /// A case judged on every kernel (generated or replayed).
@@ -97,6 +104,9 @@ impl Engine<'_> {
     pub fn materialize(&self, draw: &Draw) -> (Recipe, Case, Vec<String>) {
         let (recipe, adjust) = draw.resolve(&self.caps());
         let case = recipe.materialize();
+        if self.host_values {
+            case.kv.materialize();
+        }
         (recipe, case, adjust)
     }
 
@@ -179,18 +189,25 @@ impl Engine<'_> {
             let plan = self.property_plan(kern.as_ref());
             let properties = match properties {
                 true => {
-                    let (v, out) = (&j.verdict, j.output.as_ref());
-                    crate::property::check_case(kern.as_ref(), case, v, out, plan)
+                    let first = crate::property::FirstRun::of(&j);
+                    crate::property::check_case(kern.as_ref(), case, &j.verdict, first, plan)
                 }
                 false => Vec::new(),
             };
             environment_error = environment_error.or(j.environment_error);
+            // A run that crashed on its way to the device judge has nothing to judge.
+            let judged_on = match &j.device {
+                Some(d) => Ok((d.rechecked, d.cpu_judged)),
+                None => harness::judge_site(kern.as_ref(), case, self.cfg.oracle.judge)
+                    .map(|()| (0, false)),
+            };
             runs.push(KernelRun {
                 verdict: j.verdict,
                 wall_secs: j.wall.as_secs_f64(),
                 setup_secs: j.setup.as_secs_f64(),
                 judge_secs: j.judge.as_secs_f64(),
                 properties,
+                judged_on,
             });
             outputs.push(j.output);
             if environment_error.is_some() {

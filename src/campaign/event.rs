@@ -88,6 +88,20 @@ impl Tally {
             let key = crate::kernel::compile_key_of(kern.compile_key(), case);
             let times = (run.wall_secs, run.setup_secs);
             self.timings.kernel_secs += stats.record(v, times, case, key.as_deref());
+            if v.skipped.is_none() {
+                let j = &mut stats.judge;
+                match &run.judged_on {
+                    Ok((rechecked, fetched)) => {
+                        j.device_cases += 1;
+                        j.device_then_cpu += *fetched as u64;
+                        j.rechecked_elements += rechecked;
+                    }
+                    Err(why) => {
+                        j.cpu_cases += 1;
+                        *j.cpu_reasons.entry(why.clone()).or_default() += 1;
+                    }
+                }
+            }
             if let Source::Generated(_) = source {
                 let plan = engine.property_plan(kern.as_ref());
                 stats.properties.record(plan, &run.properties);
@@ -202,6 +216,7 @@ mod tests {
             verify: crate::reference::verify::VerifyMode::Boundaries,
             production_verify: crate::reference::verify::VerifyMode::Boundaries,
             epochs: None,
+            host_values: true,
         };
         let (mut tally, mut keys) = (Tally::default(), BTreeSet::new());
         for k in 0..16 {

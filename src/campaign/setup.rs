@@ -6,6 +6,7 @@ use crate::error::Fatal;
 use crate::generate::epoch::Epochs;
 use crate::generate::Profile;
 use crate::kernel::{self, CompileField, Kernel};
+use crate::oracle::JudgeMode;
 use crate::reference::verify::VerifyMode;
 use crate::report::{self, KernelInfo, KernelStats, Report, REPORT_VERSION};
 use std::path::Path;
@@ -78,6 +79,7 @@ pub(super) fn start(
             None => kernel::open(k),
         })
         .collect::<Result<_, _>>()?;
+    let host_values = judge_sites(cfg, &kernels)?;
     if cfg.save_corpus {
         check_corpus_dir(&cfg.corpus_dir)?;
     }
@@ -127,8 +129,38 @@ pub(super) fn start(
         verify: cfg.verify.unwrap_or_default(),
         production_verify,
         epochs,
+        host_values,
     };
     Ok((engine, corpus))
+}
+
+/// Where each kernel's cases are judged (`--judge`), said in one line; a kernel that
+/// cannot judge on its device under `--judge gpu` is a usage error. Returns whether the
+/// host needs every case's values (a kernel judged on the CPU: its reference reads them
+/// all, so they are drawn with the case, on every core, and counted as generation).
+fn judge_sites(cfg: &Config, kernels: &[Box<dyn Kernel>]) -> Result<bool, Fatal> {
+    let mut words = Vec::new();
+    let mut host_values = false;
+    for k in kernels {
+        let site = match (cfg.oracle.judge, k.device_judge()) {
+            (JudgeMode::Cpu, _) => "on the CPU (--judge cpu)".to_string(),
+            (_, Ok(())) => {
+                "on the GPU next to its output (exact GPU reference; the CPU re-checks both ends of every row and the edges of a few)".to_string()
+            }
+            (JudgeMode::Gpu, Err(why)) => {
+                return Err(Fatal::usage(format!(
+                    "--judge gpu: {why}; --judge auto judges it on the CPU"
+                )))
+            }
+            (JudgeMode::Auto, Err(why)) => format!("on the CPU ({why})"),
+        };
+        host_values |= !site.starts_with("on the GPU");
+        words.push(format!("{} {site}", k.name()));
+    }
+    if !cfg.quiet {
+        eprintln!("mqa-fuzz: judge: {}", words.join("; "));
+    }
+    Ok(host_values)
 }
 
 /// Shape epochs over the union of the kernels' compile keys: `--shape-epoch N`, by

@@ -349,7 +349,7 @@ fn case_from_json(
                         format!("has {} bytes, block_size*(head_dim+4) is {bb}", bytes.len()),
                     ));
                 }
-                if case.kv.blocks.insert(id, bytes).is_some() {
+                if case.kv.insert(id, bytes).is_some() {
                     return Err(ferr(
                         path,
                         format!("case.tensors.inline.kv_blocks.{k}"),
@@ -482,7 +482,6 @@ fn load_tensors(
         let bb = s.block_bytes();
         if case
             .kv
-            .blocks
             .insert(id as u64, blks[k * bb..(k + 1) * bb].to_vec())
             .is_some()
         {
@@ -503,8 +502,7 @@ fn load_tensors(
 /// reader never sees a JSON file whose tensors are missing or half-written.
 pub fn save_case_file(path: &Path, file: &CaseFile) -> std::io::Result<()> {
     let c = &file.case;
-    let tensor_bytes =
-        c.q.len() + 4 * c.weights.len() + c.kv.blocks.values().map(Vec::len).sum::<usize>();
+    let tensor_bytes = c.q.len() + 4 * c.weights.len() + c.kv.len() * c.shape.block_bytes();
     let table_inline = c.block_table.entries.len() <= TABLE_INLINE_MAX;
     let tensors = if tensor_bytes <= INLINE_LIMIT && table_inline {
         TensorsJson::Inline {
@@ -512,7 +510,6 @@ pub fn save_case_file(path: &Path, file: &CaseFile) -> std::io::Result<()> {
             weights: c.weights.iter().map(|&w| F32Json(w)).collect(),
             kv_blocks: c
                 .kv
-                .blocks
                 .iter()
                 .map(|(id, b)| (id.to_string(), to_hex(b)))
                 .collect(),
@@ -557,11 +554,11 @@ pub fn tensors_to_safetensors(c: &Case, with_table: bool) -> std::io::Result<Vec
     let s = &c.shape;
     let w: Vec<u8> = c.weights.iter().flat_map(|w| w.to_le_bytes()).collect();
     let ids: Vec<u8> =
-        c.kv.blocks
-            .keys()
-            .flat_map(|&id| (id as i64).to_le_bytes())
+        c.kv.ids()
+            .into_iter()
+            .flat_map(|id| (id as i64).to_le_bytes())
             .collect();
-    let blks: Vec<u8> = c.kv.blocks.values().flatten().copied().collect();
+    let blks: Vec<u8> = c.kv.iter().flat_map(|(_, b)| b).copied().collect();
     let table: Vec<u8> = if with_table {
         c.block_table
             .entries
@@ -571,7 +568,7 @@ pub fn tensors_to_safetensors(c: &Case, with_table: bool) -> std::io::Result<Vec
     } else {
         Vec::new()
     };
-    let n = c.kv.blocks.len();
+    let n = c.kv.len();
     let e = |e: safetensors::SafeTensorError| std::io::Error::other(e.to_string());
     let mut views = vec![
         (

@@ -7,18 +7,19 @@
 
 mod encoding;
 mod io;
+mod kv;
 mod validate;
 
 pub use io::{
     load_case_bytes, load_case_file, save_case_file, tensors_to_safetensors, CaseFile,
     CaseFileError, Expected, Provenance, FORMAT_VERSION, TABLE_INLINE_MAX,
 };
+pub use kv::{BlockDrawer, DrawnValues, SparseKvCache};
 pub(crate) use validate::validate_shape_dims;
 pub use validate::{CaseError, MAX_NEXT_N};
 
 use crate::fp8::Fp8Format;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
 
 /// Where values sit inside a block (DESIGN §1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -131,11 +132,38 @@ impl Shape {
     }
 }
 
-/// The host copy of the KV cache: only referenced blocks, keyed by physical id. Each
-/// block holds exactly `Shape::block_bytes()` bytes (stride padding is not stored).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct SparseKvCache {
-    pub blocks: BTreeMap<u64, Vec<u8>>,
+/// How a case's values were drawn (DESIGN §3): a property of the case's data that the
+/// value generator (`generate::values`) implements and a device worker reproduces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ValueKind {
+    /// The real pipeline: bf16 gaussians, per-token amax scale rounded up to a power of
+    /// two (ue8m0), clamped at 1e-4, saturating fp8 cast; weights folded as engines do.
+    Pipeline,
+    /// Uniform random finite codes, random positive scales.
+    UniformCodes,
+    /// ±max, subnormals and zeros.
+    Extreme,
+    /// Dots that are exactly 0 or one ulp away: the relu boundary.
+    ReluBoundary,
+    /// Every dot negative: logits exactly 0.
+    AllNegative,
+    /// Hostile: NaN codes (and 0x80 in fnuz), zero/negative/inf/NaN scales and weights.
+    Hostile,
+}
+
+impl ValueKind {
+    pub const ALL: [ValueKind; 6] = [
+        ValueKind::Pipeline,
+        ValueKind::UniformCodes,
+        ValueKind::Extreme,
+        ValueKind::ReluBoundary,
+        ValueKind::AllNegative,
+        ValueKind::Hostile,
+    ];
+    pub fn is_hostile(self) -> bool {
+        self == ValueKind::Hostile
+    }
 }
 
 /// One complete test case of the operation.
@@ -173,10 +201,8 @@ impl Case {
     /// where 32-bit address arithmetic breaks.
     pub fn max_kv_offset(&self) -> u64 {
         self.kv
-            .blocks
-            .keys()
-            .max()
-            .map_or(0, |&id| id.saturating_mul(self.kv_block_stride))
+            .max_id()
+            .map_or(0, |id| id.saturating_mul(self.kv_block_stride))
     }
 
     /// Bytes of the full output buffer (`rows * out_row_stride * 4`).
@@ -221,7 +247,9 @@ impl Case {
     /// The stored bytes of a referenced block (validation guarantees presence).
     #[inline]
     pub fn block(&self, id: u64) -> &[u8] {
-        &self.kv.blocks[&id]
+        self.kv
+            .get(id)
+            .unwrap_or_else(|| panic!("block {id} is not in the cache"))
     }
 
     /// fp8 code of slot `p`, dim `d` of a block's bytes.

@@ -89,6 +89,10 @@ pub enum Command {
         /// Random shapes and value seeds for the device generator's byte-identity check.
         #[arg(long, default_value_t = 200)]
         generator_cases: usize,
+        /// Cases (a third of them production-profile) judged both on the device and on
+        /// the CPU, whose verdicts must be the same.
+        #[arg(long, default_value_t = 60)]
+        judge_cases: usize,
     },
     /// Compiles every CUDA kernel variant into the disk cache (NVRTC only, no GPU needed).
     #[command(hide = true)]
@@ -217,7 +221,8 @@ pub fn dispatch(cli: Cli) -> Result<i32, Fatal> {
             cases,
             reference_cases,
             generator_cases,
-        } => crate::bench::gpu::selfcheck(cases, reference_cases, generator_cases),
+            judge_cases,
+        } => crate::bench::gpu::selfcheck(cases, reference_cases, generator_cases, judge_cases),
         Command::GpuPrecompile { arch } => {
             let n = crate::bench::gpu::precompile(&arch).map_err(Fatal::environment)?;
             crate::outln!(
@@ -365,6 +370,17 @@ pub struct RunArgs {
     /// Default: full, except production cases of CPU kernels (sample:0.05).
     #[arg(long, value_parser = |s: &str| s.parse::<crate::reference::verify::VerifyMode>())]
     pub verify: Option<crate::reference::verify::VerifyMode>,
+    /// Where outputs are judged: auto, cpu or gpu. gpu: on the GPU next to the kernel's
+    /// output (the exact GPU reference and the oracle's per-element rules there; only
+    /// the verdict comes back), the CPU re-checking both ends of every row and the
+    /// block, tile and chunk edges of a few rows of each case (a disagreement is an
+    /// oracle_disagreement finding); a case with a finding brings its output back for
+    /// the CPU judge too. A kernel that cannot is a usage error. auto: gpu for cuda:
+    /// kernels on a GPU whose shape the GPU reference takes (heads % 8 == 0, head_dim a
+    /// multiple of 16 up to 128), else cpu, said in one line. cpu: always on the CPU.
+    /// A device-judged case is verified in full whatever --verify says.
+    #[arg(long, default_value = "auto", value_parser = |s: &str| s.parse::<crate::oracle::JudgeMode>())]
+    pub judge: crate::oracle::JudgeMode,
     /// Production profile: multiply the engine's context lengths by this (0 < F <= 1;
     /// requests at max_model_len stay there). Pools, strides, block ids, batch sizes and
     /// workspaces keep an engine's size. Default: 1 for kernels on an accelerator,

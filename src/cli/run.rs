@@ -118,6 +118,7 @@ pub(super) fn cmd_run(args: RunArgs) -> Result<i32, Fatal> {
     cfg.quiet = args.quiet;
     cfg.stop_after_findings = args.max_findings;
     cfg.verify = args.verify;
+    cfg.oracle.judge = args.judge;
     cfg.scale = args.scale;
     cfg.shape_epoch = args.shape_epoch;
     cfg.properties = crate::property::PropertyConfig {

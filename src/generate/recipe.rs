@@ -86,38 +86,7 @@ pub struct PoolRecipe {
     pub rows_per_request: u8,
 }
 
-/// How values are drawn.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ValueKind {
-    /// The real pipeline: bf16 gaussians, per-token amax scale rounded up to a power of
-    /// two (ue8m0), clamped at 1e-4, saturating fp8 cast; weights folded as engines do.
-    Pipeline,
-    /// Uniform random finite codes, random positive scales.
-    UniformCodes,
-    /// ±max, subnormals and zeros.
-    Extreme,
-    /// Dots that are exactly 0 or one ulp away: the relu boundary.
-    ReluBoundary,
-    /// Every dot negative: logits exactly 0.
-    AllNegative,
-    /// Hostile: NaN codes (and 0x80 in fnuz), zero/negative/inf/NaN scales and weights.
-    Hostile,
-}
-
-impl ValueKind {
-    pub const ALL: [ValueKind; 6] = [
-        ValueKind::Pipeline,
-        ValueKind::UniformCodes,
-        ValueKind::Extreme,
-        ValueKind::ReluBoundary,
-        ValueKind::AllNegative,
-        ValueKind::Hostile,
-    ];
-    pub fn is_hostile(self) -> bool {
-        self == ValueKind::Hostile
-    }
-}
+pub use crate::case::ValueKind;
 
 /// Context lengths: explicit, one per sequence or per token.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -352,10 +321,20 @@ impl Recipe {
             entries.splice(0..0, pad);
         }
         let values = Values::draw(&shape, k.values, &mut rng, n_logical);
-        let mut kv = SparseKvCache::default();
-        for (l, bytes) in values.blocks.into_iter().enumerate() {
-            kv.blocks.insert(phys(l), bytes);
-        }
+        let kv = match values.blocks {
+            Some(blocks) => SparseKvCache::stored(
+                blocks
+                    .into_iter()
+                    .enumerate()
+                    .map(|(l, bytes)| (phys(l), bytes))
+                    .collect(),
+            ),
+            None => {
+                let ids = (0..n_logical).map(phys).collect();
+                super::values::drawn_cache(&shape, values.drawn, ids)
+                    .expect("only hostile values are stored")
+            }
+        };
         // Padding::Garbage may name an unreferenced id past num_blocks: keep it inside.
         let num_blocks = if matches!(k.offsets, OffsetClass::Pool(_)) {
             num_blocks

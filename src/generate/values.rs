@@ -5,7 +5,7 @@
 
 use super::philox::{self, Stream};
 use super::recipe::ValueKind;
-use crate::case::{Case, Shape};
+use crate::case::{BlockDrawer, Case, DrawnValues, Shape, SparseKvCache};
 use crate::fp8::Fp8Format;
 use proptest::test_runner::{RngAlgorithm, TestRng};
 use rand::{Rng, RngExt};
@@ -41,7 +41,44 @@ fn per_stream<T: Send>(
 pub(crate) struct Values {
     pub(super) q: Vec<u8>,
     pub(super) weights: Vec<f32>,
-    pub(super) blocks: Vec<Vec<u8>>,
+    /// The keys' recipe: block `l` is [`Values::draw_block`] of stream
+    /// `BLOCK_STREAM | l` of this seed.
+    pub(super) drawn: DrawnValues,
+    /// The blocks themselves where they are not a function of the recipe alone (hostile
+    /// values are sprinkled in afterwards); `None`: draw them from `drawn` on use.
+    pub(super) blocks: Option<Vec<Vec<u8>>>,
+}
+
+/// Draws the blocks of a drawn cache (see [`drawn_cache`]).
+struct KvDrawer {
+    shape: Shape,
+    values: DrawnValues,
+}
+
+impl BlockDrawer for KvDrawer {
+    fn draw(&self, l: usize) -> Vec<u8> {
+        let mut st = Stream::new(self.values.seed, philox::BLOCK_STREAM | l as u64);
+        Values::draw_block(&self.shape, self.values.kind, &mut st)
+    }
+}
+
+/// The KV cache of a generated case whose block `l` has physical id `ids[l]`, each block
+/// drawn from the recipe on first use: the same bytes [`Values::draw`] gives, without
+/// holding them until someone reads them. Hostile values are not a function of the
+/// recipe alone and cannot be drawn so.
+pub fn drawn_cache(
+    shape: &Shape,
+    values: DrawnValues,
+    ids: Vec<u64>,
+) -> Result<SparseKvCache, String> {
+    if values.kind.is_hostile() {
+        return Err("hostile values cannot be drawn from their seed alone".into());
+    }
+    let drawer = KvDrawer {
+        shape: shape.clone(),
+        values,
+    };
+    Ok(SparseKvCache::drawn(values, ids, Box::new(drawer)))
 }
 
 /// The weights' model scale `1/sqrt(D·H)`, in f32 as the weights are.
@@ -84,20 +121,25 @@ impl Values {
         let drawn = per_stream(seed, &row_streams, parallel, |st| {
             Values::draw_row(shape, kind, st)
         });
-        let block_streams: Vec<u64> = (0..n_blocks as u64)
-            .map(|i| philox::BLOCK_STREAM | i)
-            .collect();
-        let blocks = per_stream(seed, &block_streams, parallel, |st| {
-            Values::draw_block(shape, kind, st)
-        });
         let mut q = Vec::with_capacity(rows * h * d);
         let mut weights = Vec::with_capacity(rows * h);
         for (codes, w) in drawn {
             q.extend(codes);
             weights.extend(w);
         }
-        let mut v = Values { q, weights, blocks };
+        let mut v = Values {
+            q,
+            weights,
+            drawn: DrawnValues { seed, kind },
+            blocks: None,
+        };
         if kind.is_hostile() {
+            let block_streams: Vec<u64> = (0..n_blocks as u64)
+                .map(|i| philox::BLOCK_STREAM | i)
+                .collect();
+            v.blocks = Some(per_stream(seed, &block_streams, parallel, |st| {
+                Values::draw_block(shape, kind, st)
+            }));
             v.make_hostile(shape, rng);
         }
         v
@@ -223,7 +265,7 @@ impl Values {
             self.weights[i] = odd_f32[rng.random_range(0..odd_f32.len())];
         }
         let (bs, d) = (shape.block_size, shape.head_dim);
-        for block in &mut self.blocks {
+        for block in self.blocks.iter_mut().flatten() {
             for _ in 0..rng.random_range(0..=2) {
                 let p = rng.random_range(0..bs);
                 if rng.random_bool(0.5) {

@@ -3,6 +3,7 @@
 //! model and nothing of any backend, so the generator and the oracle depend on the
 //! contract, never on CPU, CUDA or exec code.
 
+use super::device_judge::{DeviceJudgeRequest, DeviceJudgement};
 use super::output::OutputBuffer;
 use crate::case::{Case, ScalePlacement, ValueLayout};
 use crate::error::Fatal;
@@ -413,6 +414,43 @@ pub trait Kernel: Send + Sync {
     /// Runs the case into `out` (poisoned, guarded, owned by the harness; made by
     /// [`Self::output_for`] or on the heap).
     fn run(&self, case: &Case, out: &mut OutputBuffer) -> Result<RunInfo, RunError>;
+    /// Whether [`Self::run_judged`] works here: `Err(why not)`, in words that finish
+    /// "the judge runs on the CPU: ...".
+    fn device_judge(&self) -> Result<(), String> {
+        Err(format!("{} leaves its output in host memory", self.name()))
+    }
+    /// The buffer [`Self::run_judged`] copies an output into when it must: where the
+    /// kernel can fill it without a copy, and not poisoned (the copy overwrites every
+    /// element, guards included).
+    fn output_for_judged(&self, case: &Case) -> OutputBuffer {
+        self.output_for(case)
+    }
+    /// Runs `case` and judges it where the output lies (DESIGN §8): the exact GPU
+    /// reference and the oracle's rules on the device, only the judgement back. The
+    /// output is copied into `out` only when the judgement holds a finding, for the CPU
+    /// judge's offenders and picture (`JudgedRun::output_written`).
+    fn run_judged(
+        &self,
+        _case: &Case,
+        _req: &DeviceJudgeRequest,
+        _out: &mut OutputBuffer,
+    ) -> Result<JudgedRun, RunError> {
+        Err(RunError::Environment(
+            self.device_judge().err().unwrap_or_else(|| {
+                format!("{} judges on its device but does not say how", self.name())
+            }),
+        ))
+    }
+}
+
+/// A run judged on the device ([`Kernel::run_judged`]).
+#[derive(Clone, Debug, Default)]
+pub struct JudgedRun {
+    pub info: RunInfo,
+    pub judgement: DeviceJudgement,
+    /// Whether the output buffer was filled (a judgement with findings: the CPU judge
+    /// then names the offenders and draws the picture from it).
+    pub output_written: bool,
 }
 
 /// A kernel the registry knows, and whether this machine can run it.

@@ -27,12 +27,11 @@ pub fn judge(
     };
     let (info, out) = match result {
         Ok(x) => x,
-        Err(RunError::Crash(msg)) => {
-            v.add_case_finding(Class::Crash, msg.clone());
-            return v;
-        }
-        Err(RunError::Skipped(why)) | Err(RunError::Environment(why)) => {
-            v.skipped = Some(why.clone());
+        Err(e) => {
+            let e = error_verdict(e);
+            v.classes = e.classes;
+            v.examples = e.examples;
+            v.skipped = e.skipped;
             return v;
         }
     };
@@ -77,6 +76,17 @@ pub fn judge(
         0.0
     };
     judge_guards(&mut v, out, cfg);
+    v
+}
+
+/// The verdict of a run that produced no output: a crash is a finding, anything else
+/// (skipped, a broken environment) is not judged.
+pub fn error_verdict(e: &RunError) -> Verdict {
+    let mut v = Verdict::default();
+    match e {
+        RunError::Crash(msg) => v.add_case_finding(Class::Crash, msg.clone()),
+        RunError::Skipped(why) | RunError::Environment(why) => v.skipped = Some(why.clone()),
+    }
     v
 }
 

@@ -6,8 +6,12 @@
 //! statistics and the `neg_inf` contract. Around the output: `oob_write`. Inputs:
 //! `input_mutated`. Process: `crash`. Plus the guard verdict (would
 //! `nan_to_num_(-inf)` change anything in V(r)) and the downstream top-k check.
+//!
+//! The same rules run on a GPU next to a kernel's output (`kernels/judge.cu`); [`device`]
+//! turns what comes back into a [`Verdict`] and re-checks a sample of it on the CPU.
 
 mod bound;
+pub mod device;
 mod display;
 mod judge;
 pub mod picture;
@@ -15,7 +19,8 @@ pub mod scan;
 mod topk;
 
 pub use bound::ErrorBound;
-pub use judge::judge;
+pub use device::JudgeMode;
+pub use judge::{error_verdict, judge};
 pub use topk::{topk_consistent, TopKOutcome};
 
 use crate::case::Case;
@@ -253,6 +258,9 @@ pub struct OracleConfig {
     /// recomputed by the plain `reference::element`. The same verdict, many times
     /// slower; kept for `bench judge` to compare against.
     pub plain_judge: bool,
+    /// Where outputs are judged (`--judge`): on the device next to a GPU kernel's output
+    /// (DESIGN §8), or on the CPU.
+    pub judge: JudgeMode,
 }
 
 impl Default for OracleConfig {
@@ -261,6 +269,7 @@ impl Default for OracleConfig {
             topk: 2048,
             max_examples: 4,
             plain_judge: false,
+            judge: JudgeMode::Auto,
         }
     }
 }

@@ -7,7 +7,7 @@
 //!
 //! The sub-cases are plain data transforms ([`sub_batch`], [`alone`], [`reversed`]).
 
-use super::{compare_rows, rerun, show, Break, Diff, Outcome};
+use super::{compare_rows, rerun, rerun_digests, show, Break, Diff, Outcome};
 use crate::case::{BlockTable, Case, ContextLens};
 use crate::kernel::{Kernel, OutputBuffer, RunError};
 
@@ -89,41 +89,53 @@ pub fn chosen_sequence(case: &Case) -> Option<usize> {
         .max_by_key(|&b| (valid(b), std::cmp::Reverse(b)))
 }
 
-/// Runs sequence [`chosen_sequence`] alone and the batch reversed, compares its rows
-/// bitwise with `batched` (the first run of `case`). Returns the outcome and the runs.
-pub fn check(kernel: &dyn Kernel, case: &Case, batched: &OutputBuffer) -> (Outcome, u64) {
+/// The sequence to check and its two variants, `(what, sub-case, its sequence there)`:
+/// alone, and with the batch reversed; `Err(skipped)` when there is none to check.
+fn variants(case: &Case) -> Result<(usize, [(&'static str, Case, usize); 2]), Outcome> {
     let Some(b) = chosen_sequence(case) else {
         let why = if case.shape.batch < 2 {
             "one sequence"
         } else {
             "no valid position in a sequence the reversal moves"
         };
-        return (Outcome::Skipped(why.into()), 0);
+        return Err(Outcome::Skipped(why.into()));
+    };
+    let bsz = case.shape.batch;
+    Ok((
+        b,
+        [
+            ("alone", alone(case, b), 0),
+            ("with the batch reversed", reversed(case), bsz - 1 - b),
+        ],
+    ))
+}
+
+/// A variant that did not run: not checkable on this case.
+fn not_run(what: &str, e: RunError) -> Outcome {
+    Outcome::Skipped(match e {
+        RunError::Crash(m) => format!("the sequence {what} crashed: {}", first_line(&m)),
+        RunError::Skipped(m) | RunError::Environment(m) => {
+            format!("the sequence {what} did not run: {m}")
+        }
+    })
+}
+
+/// Runs sequence [`chosen_sequence`] alone and the batch reversed, compares its rows
+/// bitwise with `batched` (the first run of `case`). Returns the outcome and the runs.
+pub fn check(kernel: &dyn Kernel, case: &Case, batched: &OutputBuffer) -> (Outcome, u64) {
+    let (b, variants) = match variants(case) {
+        Ok(v) => v,
+        Err(skipped) => return (skipped, 0),
     };
     let bsz = case.shape.batch;
     let n = case.shape.next_n;
     let mut runs = 0;
-    let variants: [(&str, Case, usize); 2] = [
-        ("alone", alone(case, b), 0),
-        ("with the batch reversed", reversed(case), bsz - 1 - b),
-    ];
     let mut seen: Vec<(String, Diff)> = Vec::new();
     for (what, sub, at) in variants {
         runs += 1;
         let out = match rerun(kernel, &sub) {
             Ok(o) => o,
-            Err(RunError::Crash(m)) => {
-                return (
-                    Outcome::Skipped(format!("the sequence {what} crashed: {}", first_line(&m))),
-                    runs,
-                )
-            }
-            Err(RunError::Skipped(m)) | Err(RunError::Environment(m)) => {
-                return (
-                    Outcome::Skipped(format!("the sequence {what} did not run: {m}")),
-                    runs,
-                )
-            }
+            Err(e) => return (not_run(what, e), runs),
         };
         let mut d = Diff::default();
         compare_rows(
@@ -200,6 +212,42 @@ pub fn check(kernel: &dyn Kernel, case: &Case, batched: &OutputBuffer) -> (Outco
 
 fn first_line(s: &str) -> &str {
     s.lines().next().unwrap_or(s)
+}
+
+/// [`check`] for a batch judged on the device: the sequence alone and the batch reversed
+/// run judged there too, their rows compared by digests of V(r) with the batch's. Where
+/// one differs, the batch is run again with its output fetched and [`check`]ed element
+/// by element (which also tells a nondeterministic kernel from a batch-variant one).
+pub fn check_digests(kernel: &dyn Kernel, case: &Case, batched: &[u64]) -> (Outcome, u64) {
+    let (b, variants) = match variants(case) {
+        Ok(v) => v,
+        Err(skipped) => return (skipped, 0),
+    };
+    let n = case.shape.next_n;
+    let mut runs = 0;
+    let mut differs = false;
+    for (what, sub, at) in variants {
+        runs += 1;
+        let d = match rerun_digests(kernel, &sub) {
+            Ok(d) => d,
+            Err(e) => return (not_run(what, e), runs),
+        };
+        differs |= (0..n).any(|i| d[at * n + i] != batched[b * n + i]);
+    }
+    if !differs {
+        return (Outcome::Held, runs);
+    }
+    runs += 1;
+    match rerun(kernel, case) {
+        Ok(full) => {
+            let (o, k) = check(kernel, case, &full);
+            (o, runs + k)
+        }
+        Err(e) => (
+            Outcome::Skipped(format!("the fetched batch re-run did not run: {e}")),
+            runs,
+        ),
+    }
 }
 
 #[cfg(test)]

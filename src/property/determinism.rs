@@ -1,7 +1,7 @@
 //! Bitwise determinism: a case run R times must give the same bits over V(r) every
 //! time. The first run is the campaign's judged one; runs 2..=R are compared with it.
 
-use super::{compare_rows, rerun, show, Break, Diff, Outcome};
+use super::{compare_rows, rerun, rerun_digests, show, Break, Diff, Outcome};
 use crate::case::Case;
 use crate::kernel::{Kernel, OutputBuffer, RunError};
 
@@ -22,21 +22,8 @@ pub fn check(
         runs += 1;
         let out = match rerun(kernel, case) {
             Ok(o) => o,
-            Err(RunError::Crash(m)) => {
-                // The first run finished; this one crashed: the same inputs, another fate.
-                let detail = format!("run {k} of {repeat} crashed where run 1 did not: {m}");
-                return (
-                    Outcome::Broken(Break {
-                        differing: 0,
-                        first: None,
-                        values: Vec::new(),
-                        max_abs_diff: f64::INFINITY,
-                        max_ulps: 0,
-                        detail,
-                    }),
-                    runs,
-                );
-            }
+            // The first run finished; this one crashed: the same inputs, another fate.
+            Err(RunError::Crash(m)) => return (crashed(k, repeat, &m), runs),
             Err(RunError::Skipped(m)) | Err(RunError::Environment(m)) => {
                 return (Outcome::Skipped(format!("run {k} did not run: {m}")), runs)
             }
@@ -82,4 +69,73 @@ pub fn check(
         }),
         runs,
     )
+}
+
+/// [`check`] for a first run judged on the device: the repeat runs are judged there too
+/// and compared by their rows' digests of V(r). Where a digest differs, the case is run
+/// again with its output fetched and [`check`]ed element by element to say where; a
+/// difference that the fetched runs do not reproduce is still reported, by row.
+pub fn check_digests(
+    kernel: &dyn Kernel,
+    case: &Case,
+    first: &[u64],
+    repeat: u32,
+) -> (Outcome, u64) {
+    let mut runs = 0;
+    for k in 2..=repeat.max(2) {
+        runs += 1;
+        let d = match rerun_digests(kernel, case) {
+            Ok(d) => d,
+            Err(RunError::Crash(m)) => return (crashed(k, repeat, &m), runs),
+            Err(RunError::Skipped(m)) | Err(RunError::Environment(m)) => {
+                return (Outcome::Skipped(format!("run {k} did not run: {m}")), runs)
+            }
+        };
+        let differ: Vec<usize> = (0..case.rows()).filter(|&r| d[r] != first[r]).collect();
+        if differ.is_empty() {
+            continue;
+        }
+        // Where: fetch outputs and compare them element by element.
+        runs += 1;
+        let located = match rerun(kernel, case) {
+            Ok(full) => {
+                let (o, n) = check(kernel, case, &full, repeat);
+                runs += n;
+                o
+            }
+            Err(e) => Outcome::Skipped(format!("the fetched re-run did not run: {e}")),
+        };
+        if let Outcome::Broken(_) = located {
+            return (located, runs);
+        }
+        let r = differ[0];
+        let detail = format!(
+            "run {k} of {repeat} differs from run 1 in the digest of V(r) of {} row(s), first row {r}; the runs with fetched outputs did not reproduce it",
+            differ.len()
+        );
+        return (
+            Outcome::Broken(Break {
+                differing: differ.len() as u64,
+                first: Some((r, 0)),
+                values: Vec::new(),
+                max_abs_diff: f64::NAN,
+                max_ulps: 0,
+                detail,
+            }),
+            runs,
+        );
+    }
+    (Outcome::Held, runs)
+}
+
+/// Run `k` of `repeat` crashed where run 1 did not.
+fn crashed(k: u32, repeat: u32, m: &str) -> Outcome {
+    Outcome::Broken(Break {
+        differing: 0,
+        first: None,
+        values: Vec::new(),
+        max_abs_diff: f64::INFINITY,
+        max_ulps: 0,
+        detail: format!("run {k} of {repeat} crashed where run 1 did not: {m}"),
+    })
 }

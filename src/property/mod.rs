@@ -19,7 +19,7 @@ pub mod determinism;
 use crate::case::Case;
 use crate::generate::Profile;
 use crate::harness::{self, ReferenceCache};
-use crate::kernel::{Kernel, OutputBuffer, RunError};
+use crate::kernel::{DeviceJudgeRequest, Kernel, OutputBuffer, RunError};
 use crate::oracle::{show_f32, Class, Offender, OracleConfig, Verdict};
 use serde::{Deserialize, Serialize};
 
@@ -219,13 +219,38 @@ pub struct PropertyOutcome {
     pub runs: u64,
 }
 
-/// The property checks of one judged case: `verdict` and `output` are the first run's.
-/// Empty when the plan checks nothing or the kernel did not run the case (skipped).
+/// The first run of a case as the properties see it.
+#[derive(Clone, Copy)]
+pub enum FirstRun<'a> {
+    /// Its output (judged on the CPU, or fetched for a finding).
+    Output(&'a OutputBuffer),
+    /// Its rows' digests of V(r) (judged on the device: the output stayed there).
+    Digests(&'a [u64]),
+    /// No output (the run crashed or was skipped).
+    Nothing,
+}
+
+impl<'a> FirstRun<'a> {
+    /// What a judged run left: its output, else its digests.
+    pub fn of(judged: &'a harness::Judged) -> FirstRun<'a> {
+        match (&judged.output, &judged.device) {
+            (Some(o), _) => FirstRun::Output(o),
+            (None, Some(d)) => FirstRun::Digests(&d.row_digests),
+            (None, None) => FirstRun::Nothing,
+        }
+    }
+}
+
+/// The property checks of one judged case: `verdict` and `first` are the first run's.
+/// Empty when the plan checks nothing or the kernel did not run the case (skipped). A
+/// first run judged on the device is compared by digests of V(r), its re-runs judged
+/// there too (digests only); where digests differ, full outputs are fetched to say
+/// where.
 pub fn check_case(
     kernel: &dyn Kernel,
     case: &Case,
     verdict: &Verdict,
-    output: Option<&OutputBuffer>,
+    first: FirstRun,
     plan: Plan,
 ) -> Vec<PropertyOutcome> {
     if plan.is_empty() || verdict.skipped.is_some() {
@@ -240,17 +265,21 @@ pub fn check_case(
         planned.push(Property::BatchInvariant);
     }
     for p in planned {
-        let Some(first) = output else {
-            v.push(PropertyOutcome {
-                property: p,
-                outcome: Outcome::Skipped("no output to compare (the first run crashed)".into()),
-                runs: 0,
-            });
-            continue;
-        };
-        let (outcome, runs) = match p {
-            Property::Deterministic => determinism::check(kernel, case, first, plan.repeat),
-            Property::BatchInvariant => batch::check(kernel, case, first),
+        let (outcome, runs) = match (p, first) {
+            (_, FirstRun::Nothing) => (
+                Outcome::Skipped("no output to compare (the first run crashed)".into()),
+                0,
+            ),
+            (Property::Deterministic, FirstRun::Output(o)) => {
+                determinism::check(kernel, case, o, plan.repeat)
+            }
+            (Property::Deterministic, FirstRun::Digests(d)) => {
+                determinism::check_digests(kernel, case, d, plan.repeat)
+            }
+            (Property::BatchInvariant, FirstRun::Output(o)) => batch::check(kernel, case, o),
+            (Property::BatchInvariant, FirstRun::Digests(d)) => {
+                batch::check_digests(kernel, case, d)
+            }
         };
         v.push(PropertyOutcome {
             property: p,
@@ -332,7 +361,7 @@ pub fn judge(
         kernel,
         case,
         &j.verdict,
-        j.output.as_ref(),
+        FirstRun::of(&j),
         plan.only(property),
     ) {
         if let Outcome::Broken(b) = &o.outcome {
@@ -372,6 +401,25 @@ pub fn broken_by_plant(kernel: &str) -> Option<Property> {
         .into_iter()
         .find_map(|p| p.breaks_property())
         .and_then(Property::parse)
+}
+
+/// Runs `case` once more, judged on the device for its rows' digests only (the output
+/// stays there).
+pub(crate) fn rerun_digests(kernel: &dyn Kernel, case: &Case) -> Result<Vec<u64>, RunError> {
+    if let Some(why) = kernel.capabilities().rejects(case) {
+        return Err(RunError::Skipped(why));
+    }
+    let req = DeviceJudgeRequest::digests(kernel.capabilities().scale_placement);
+    let mut out = kernel.output_for_judged(case);
+    let run = kernel.run_judged(case, &req, &mut out)?;
+    if run.judgement.row_digests.len() != case.rows() {
+        return Err(RunError::Crash(format!(
+            "the device gave {} row digests for {} rows",
+            run.judgement.row_digests.len(),
+            case.rows()
+        )));
+    }
+    Ok(run.judgement.row_digests)
 }
 
 /// Runs `case` once more into a fresh output (the harness's poisoned, guarded buffer).

@@ -345,7 +345,42 @@ pub fn throughput(r: &Report) -> Vec<String> {
             lines.push(format!("{name} calls by phase (summed): {p}"));
         }
     }
+    for (name, k) in &r.per_kernel {
+        if let Some(j) = judge_words(k) {
+            lines.push(format!("{name} judged {j}"));
+        }
+    }
     lines
+}
+
+/// Where a kernel's cases were judged: `on the GPU: 120 cases (230,400 elements
+/// re-checked on the CPU, 1 case with findings judged on the CPU too); on the CPU: 3
+/// (heads 4: ...)`; `None` when no case was judged on the device.
+pub fn judge_words(k: &KernelStats) -> Option<String> {
+    let j = &k.judge;
+    if j.device_cases == 0 {
+        return None;
+    }
+    let g = crate::util::group;
+    let mut s = format!(
+        "on the GPU: {} cases ({} elements re-checked on the CPU, all agreeing unless an oracle_disagreement says otherwise; {} with findings judged on the CPU too)",
+        g(j.device_cases),
+        g(j.rechecked_elements),
+        g(j.device_then_cpu)
+    );
+    if j.cpu_cases > 0 {
+        let reasons: Vec<String> = j
+            .cpu_reasons
+            .iter()
+            .map(|(r, n)| format!("{r}: {n}"))
+            .collect();
+        s.push_str(&format!(
+            "; on the CPU: {} ({})",
+            g(j.cpu_cases),
+            reasons.join(", ")
+        ));
+    }
+    Some(s)
 }
 
 /// A kernel's calls split by phase, largest first: `download 12.1 s, harness: read

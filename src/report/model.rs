@@ -129,6 +129,27 @@ pub struct KernelStats {
     /// that report none.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub call_phases: BTreeMap<String, f64>,
+    /// Where the cases were judged (DESIGN §8): on the device next to the output, or on
+    /// the CPU, and how much of the device's work the CPU re-checked.
+    #[serde(default)]
+    pub judge: JudgeTally,
+}
+
+/// Where one kernel's cases were judged.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct JudgeTally {
+    /// Cases judged on the device (the exact GPU reference and the oracle's rules next
+    /// to the output).
+    pub device_cases: u64,
+    /// Of those, cases whose judgement held a finding: the output came back and the CPU
+    /// judged it too, with the same counts required.
+    pub device_then_cpu: u64,
+    /// Elements of device judgements the CPU re-checked (reference bits and class).
+    pub rechecked_elements: u64,
+    /// Cases judged on the CPU, by reason.
+    pub cpu_cases: u64,
+    pub cpu_reasons: BTreeMap<String, u64>,
 }
 
 /// A kernel's time split by compile key ([`crate::kernel::compile_key_of`]): a run whose

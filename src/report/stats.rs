@@ -116,5 +116,11 @@ impl AddAssign<&KernelStats> for KernelStats {
             *self.call_phases.entry(phase.clone()).or_default() += t;
         }
         self.max_err_over_bound = max_ratio(self.max_err_over_bound, k.max_err_over_bound);
+        let (j, l) = (&mut self.judge, &k.judge);
+        j.device_cases += l.device_cases;
+        j.device_then_cpu += l.device_then_cpu;
+        j.rechecked_elements += l.rechecked_elements;
+        j.cpu_cases += l.cpu_cases;
+        add_map(&mut j.cpu_reasons, &l.cpu_reasons);
     }
 }

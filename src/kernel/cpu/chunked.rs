@@ -178,8 +178,7 @@ impl ChunkedKernel {
         };
         // The common case: a stored block at its true address. Anything else (wrapped
         // offsets, padding ids, unreferenced blocks) goes through the device view.
-        let fast =
-            id >= 0 && base == id * stride as i64 && case.kv.blocks.contains_key(&(id as u64));
+        let fast = id >= 0 && base == id * stride as i64 && case.kv.contains(id as u64);
         if fast {
             let block = case.block(id as u64);
             let k = (0..s.head_dim)

@@ -50,7 +50,7 @@ impl<'a> DeviceView<'a> {
         let off = offset as u64;
         let stride = self.case.kv_block_stride;
         let (id, within) = (off / stride, off % stride);
-        match self.case.kv.blocks.get(&id) {
+        match self.case.kv.get(id) {
             Some(b) if (within as usize) < b.len() => Some(b[within as usize]),
             _ => Some(poison_byte(self.case, within)),
         }

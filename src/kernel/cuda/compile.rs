@@ -21,15 +21,17 @@ pub enum Program {
     Tiled,
     Reference,
     Generate,
+    Judge,
 }
 
 impl Program {
-    pub const ALL: [Program; 5] = [
+    pub const ALL: [Program; 6] = [
         Program::Util,
         Program::Naive,
         Program::Tiled,
         Program::Reference,
         Program::Generate,
+        Program::Judge,
     ];
 
     pub fn file(self) -> &'static str {
@@ -39,6 +41,7 @@ impl Program {
             Program::Tiled => "tiled.cu",
             Program::Reference => "reference.cu",
             Program::Generate => "generate.cu",
+            Program::Judge => "judge.cu",
         }
     }
 
@@ -49,6 +52,7 @@ impl Program {
             Program::Tiled => include_str!("../../../kernels/tiled.cu"),
             Program::Reference => include_str!("../../../kernels/reference.cu"),
             Program::Generate => include_str!("../../../kernels/generate.cu"),
+            Program::Judge => include_str!("../../../kernels/judge.cu"),
         }
     }
 }

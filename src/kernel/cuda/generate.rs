@@ -126,3 +126,54 @@ pub fn pipeline_blocks(
     out.download(0, &mut host).map_err(failure)?;
     Ok(host)
 }
+
+/// Draws the pipeline keys of a drawn cache into their slots of the device cache at
+/// `kv` (stride `stride`): block `k` is physical id `ids[k]`, drawn as index `index[k]`
+/// of value seed `seed` (the bytes `generate::values` draws on the CPU).
+pub fn blocks_in_place(
+    gpu: &mut Gpu,
+    shape: &Shape,
+    seed: u64,
+    kv: u64,
+    stride: u64,
+    ids: &[u64],
+    index: &[u64],
+) -> Result<(), GpuFailure> {
+    debug_assert_eq!(ids.len(), index.len());
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let table = table(gpu)?;
+    let ids_mem = DeviceMemory::alloc(8 * ids.len() as u64).map_err(failure)?;
+    ids_mem.upload(0, ids).map_err(failure)?;
+    let index_mem = DeviceMemory::alloc(8 * index.len() as u64).map_err(failure)?;
+    index_mem.upload(0, index).map_err(failure)?;
+    let mut args = (
+        seed,
+        ids.len() as i64,
+        shape.block_size as i32,
+        shape.head_dim as i32,
+        fnuz(shape),
+        (shape.layout == ValueLayout::Shuffle16) as i32,
+        kv,
+        stride,
+    );
+    run(
+        gpu,
+        "pipeline_blocks_at",
+        ids.len() * shape.block_size,
+        &mut [
+            &mut args.0,
+            &mut args.1,
+            &mut args.2,
+            &mut args.3,
+            &mut args.4,
+            &mut args.5,
+            &mut table.ptr(),
+            &mut args.6,
+            &mut args.7,
+            &mut ids_mem.ptr(),
+            &mut index_mem.ptr(),
+        ],
+    )
+}

@@ -10,7 +10,8 @@ use crate::case::{Case, ScalePlacement};
 use crate::fp8::Fp8Format;
 use crate::kernel::Plant;
 use crate::kernel::{
-    Accumulation, BlockSizes, Capabilities, Kernel, OutputBuffer, RunError, RunInfo,
+    Accumulation, BlockSizes, Capabilities, DeviceJudgeRequest, JudgedRun, Kernel, OutputBuffer,
+    OutsideContract, RunError, RunInfo,
 };
 use std::time::Duration;
 
@@ -220,43 +221,122 @@ pub fn launch_variant(
     gpu.ctx.synchronize().map_err(failure)
 }
 
+/// A case laid out and run on the device, its inputs checked: the part of a run that
+/// judging on the CPU and on the device share.
+struct Ran {
+    dc: DeviceCase,
+    info: RunInfo,
+    lap: Lap,
+}
+
+/// Lays `case` out (with the harness's `out`, or an output poisoned on the device when
+/// `None`), hashes the inputs, launches `variant` between events, checks the inputs.
+fn lay_out_and_run(
+    gpu: &mut Gpu,
+    variant: Variant,
+    case: &Case,
+    out: Option<&OutputBuffer>,
+) -> Result<Ran, GpuFailure> {
+    let mut phases = std::collections::BTreeMap::new();
+    let mut lap = Lap::new();
+    let mut dc = match out {
+        Some(out) => DeviceCase::upload(gpu, case, out)?,
+        None => DeviceCase::upload_poisoned(gpu, case)?,
+    };
+    let upload = if dc.keys_drawn_on_device {
+        "upload (keys drawn on the device)"
+    } else {
+        "upload"
+    };
+    phases.insert(upload.to_string(), lap.next());
+    let before = dc.input_hashes(gpu, false)?;
+    let timer = Timer::new().map_err(failure)?;
+    phases.insert("hash inputs".to_string(), lap.next());
+    launch_variant(gpu, variant, case, &mut dc, &timer)?;
+    phases.insert("launch".to_string(), lap.next());
+    let ms = timer.elapsed_ms().map_err(failure)?;
+    let after = dc.input_hashes(gpu, true)?;
+    *phases.get_mut("hash inputs").expect("inserted above") += lap.next();
+    let info = RunInfo {
+        kernel_time: Some(Duration::from_secs_f64(ms as f64 / 1e3)),
+        inputs_intact: Some(before == after),
+        device_bytes: Some(dc.bytes),
+        queue_wait: None,
+        phases,
+    };
+    Ok(Ran { dc, info, lap })
+}
+
 /// Runs `variant` on `case` into `out`: the whole device-side protocol of a case.
 pub fn run_variant(
     variant: Variant,
     case: &Case,
     out: &mut OutputBuffer,
 ) -> Result<RunInfo, RunError> {
-    let r = with_gpu(|gpu| {
-        let mut phases = std::collections::BTreeMap::new();
-        let mut lap = Lap::new();
-        let mut dc = DeviceCase::upload(gpu, case, out)?;
-        phases.insert("upload".to_string(), lap.next());
-        let before = dc.input_hashes(gpu)?;
-        let timer = Timer::new().map_err(failure)?;
-        phases.insert("hash inputs".to_string(), lap.next());
-        launch_variant(gpu, variant, case, &mut dc, &timer)?;
-        phases.insert("launch".to_string(), lap.next());
-        let ms = timer.elapsed_ms().map_err(failure)?;
-        let after = dc.input_hashes(gpu)?;
-        *phases.get_mut("hash inputs").expect("inserted above") += lap.next();
+    with_gpu(|gpu| {
+        let Ran {
+            dc,
+            mut info,
+            mut lap,
+        } = lay_out_and_run(gpu, variant, case, Some(out))?;
         dc.download_output(out)?;
-        phases.insert("download".to_string(), lap.next());
-        let bytes = dc.bytes;
+        info.phases.insert("download".to_string(), lap.next());
         drop(dc);
-        phases.insert("free".to_string(), lap.next());
-        Ok(RunInfo {
-            kernel_time: Some(Duration::from_secs_f64(ms as f64 / 1e3)),
-            inputs_intact: Some(before == after),
-            device_bytes: Some(bytes),
-            queue_wait: None,
-            phases,
-        })
-    });
-    r.map_err(|e| match e {
+        info.phases.insert("free".to_string(), lap.next());
+        Ok(info)
+    })
+    .map_err(run_error)
+}
+
+fn run_error(e: GpuFailure) -> RunError {
+    match e {
         GpuFailure::Environment(m) => RunError::Environment(m),
         GpuFailure::Fault(m) => RunError::Crash(format!("CUDA fault: {m}")),
         GpuFailure::OutOfMemory(m) => RunError::Skipped(m),
+    }
+}
+
+/// Runs `variant` on `case` and judges the output on the device (`super::judge`): the
+/// output is poisoned there and copied into `out` only when the judgement holds a
+/// finding (or breaks the kernel's outside contract).
+pub fn run_variant_judged(
+    variant: Variant,
+    case: &Case,
+    req: &DeviceJudgeRequest,
+    out: &mut OutputBuffer,
+) -> Result<JudgedRun, RunError> {
+    let outside = variant.capabilities().outside;
+    with_gpu(|gpu| {
+        let Ran {
+            dc,
+            mut info,
+            mut lap,
+        } = lay_out_and_run(gpu, variant, case, None)?;
+        let judgement = super::judge::judge_case(gpu, &dc, case, req)?;
+        let judged = lap.next();
+        let phases = &mut info.phases;
+        if req.digest_only {
+            phases.insert("digest (device)".to_string(), judged);
+        } else {
+            phases.insert("reference (device)".to_string(), judgement.reference_secs);
+            let judge = (judged - judgement.reference_secs).max(0.0);
+            phases.insert("judge (device)".to_string(), judge);
+        }
+        let contract_broken = outside == OutsideContract::NegInf
+            && judgement.outside_elements != judgement.outside_neg_inf;
+        let output_written =
+            !req.digest_only && (judgement.has_value_findings() || contract_broken);
+        if output_written {
+            dc.download_output(out)?;
+            phases.insert("download".to_string(), lap.next());
+        }
+        Ok(JudgedRun {
+            info,
+            judgement,
+            output_written,
+        })
     })
+    .map_err(run_error)
 }
 
 impl Kernel for CudaDirect {
@@ -274,5 +354,23 @@ impl Kernel for CudaDirect {
 
     fn run(&self, case: &Case, out: &mut OutputBuffer) -> Result<RunInfo, RunError> {
         run_variant(self.variant, case, out)
+    }
+
+    fn device_judge(&self) -> Result<(), String> {
+        super::device::availability().map(|_| ())
+    }
+
+    fn run_judged(
+        &self,
+        case: &Case,
+        req: &DeviceJudgeRequest,
+        out: &mut OutputBuffer,
+    ) -> Result<JudgedRun, RunError> {
+        if let Some(why) = crate::kernel::device_judge::rejects(&case.shape) {
+            if !req.digest_only {
+                return Err(RunError::Environment(format!("device judge: {why}")));
+            }
+        }
+        run_variant_judged(self.variant, case, req, out)
     }
 }

@@ -4,7 +4,8 @@
 //! (NVRTC + disk cache of the embedded `kernels/*.cu`), [`device`] (the process's GPU,
 //! recovery after faults), [`memory`] (a case laid out on the device as production
 //! lays it out, poisoned), [`kernels`] (the `Kernel` implementations), [`reference`] (the
-//! exact f64 reference on the GPU, checked against the CPU one). The GPU commands that
+//! exact f64 reference on the GPU, checked against the CPU one), [`judge`] (the oracle's
+//! rules applied on the device, next to the output). The GPU commands that
 //! drive them (`gpu-selfcheck`, `bench gpu`, `gpu-precompile`) are application code and
 //! live in `crate::bench::gpu`.
 //!
@@ -17,6 +18,7 @@
 pub mod compile;
 pub mod device;
 pub mod generate;
+pub mod judge;
 pub mod kernels;
 pub mod memory;
 pub mod reference;

@@ -23,19 +23,7 @@ pub fn rejects(case: &Case) -> Option<String> {
 }
 
 fn rejects_shape(s: &Shape) -> Option<String> {
-    if !s.heads.is_multiple_of(8) {
-        return Some(format!(
-            "GPU reference needs heads % 8 == 0, got {}",
-            s.heads
-        ));
-    }
-    if !s.head_dim.is_multiple_of(16) || s.head_dim > 128 {
-        return Some(format!(
-            "GPU reference supports head_dim multiple of 16 up to 128, got {}",
-            s.head_dim
-        ));
-    }
-    None
+    crate::kernel::device_judge::rejects(s)
 }
 
 /// How `kernels/reference.cu` is compiled for a shape. No choice changes a bit of the
@@ -307,7 +295,7 @@ impl ReferenceTuning {
 }
 
 /// Start of each row's V(r) in the compact value/magnitude arrays, and their length.
-fn row_offsets(case: &Case) -> Vec<u64> {
+pub(super) fn row_offsets(case: &Case) -> Vec<u64> {
     let mut row_off = Vec::with_capacity(case.rows() + 1);
     let mut total = 0u64;
     for r in 0..case.rows() {
@@ -351,6 +339,18 @@ pub fn compute_tuned(
     .map_err(message)
 }
 
+/// The exact reference of a case, left on the device: per row, positions `0..valid_len`
+/// at `row_off[r]..row_off[r+1]` of the value and relu-magnitude arrays (f64).
+pub struct DeviceReference {
+    pub row_off: DeviceMemory,
+    pub value: DeviceMemory,
+    pub mag: DeviceMemory,
+    /// The host copy of `row_off` (`rows + 1` entries).
+    pub offsets: Vec<u64>,
+    /// Median kernel time of the launches.
+    pub kernel_time: Duration,
+}
+
 /// The reference of every row from the case already on the device (a kernel's own
 /// `DeviceCase`: nothing is uploaded again), with the median kernel time of `reps`
 /// launches (at least one).
@@ -362,6 +362,36 @@ pub fn compute_on(
     tuning: ReferenceTuning,
     reps: usize,
 ) -> Result<(Reference, Duration), GpuFailure> {
+    let d = compute_device(gpu, dc, case, placement, tuning, reps)?;
+    let total = *d.offsets.last().unwrap_or(&0) as usize;
+    let mut v = vec![0f64; total];
+    let mut m = vec![0f64; total];
+    d.value.download(0, &mut v).map_err(failure)?;
+    d.mag.download(0, &mut m).map_err(failure)?;
+    let row_off = &d.offsets;
+    let rows = (0..case.rows())
+        .map(|r| {
+            let (a, b) = (row_off[r] as usize, row_off[r + 1] as usize);
+            Some(RowReference {
+                positions: None,
+                value: v[a..b].to_vec(),
+                relu_mag: m[a..b].to_vec(),
+            })
+        })
+        .collect();
+    Ok((Reference { placement, rows }, d.kernel_time))
+}
+
+/// [`compute_on`] without the download: the reference stays on the device for the
+/// device judge (`super::judge`).
+pub fn compute_device(
+    gpu: &mut Gpu,
+    dc: &DeviceCase,
+    case: &Case,
+    placement: ScalePlacement,
+    tuning: ReferenceTuning,
+    reps: usize,
+) -> Result<DeviceReference, GpuFailure> {
     if let Some(why) = rejects(case) {
         return Err(GpuFailure::Environment(why));
     }
@@ -440,24 +470,13 @@ pub fn compute_on(
     }
     times.sort_by(f64::total_cmp);
     gpu.ctx.synchronize().map_err(failure)?;
-    let mut v = vec![0f64; total as usize];
-    let mut m = vec![0f64; total as usize];
-    value.download(0, &mut v).map_err(failure)?;
-    mag.download(0, &mut m).map_err(failure)?;
-    let rows = (0..case.rows())
-        .map(|r| {
-            let (a, b) = (row_off[r] as usize, row_off[r + 1] as usize);
-            Some(RowReference {
-                positions: None,
-                value: v[a..b].to_vec(),
-                relu_mag: m[a..b].to_vec(),
-            })
-        })
-        .collect();
-    Ok((
-        Reference { placement, rows },
-        Duration::from_secs_f64(times[times.len() / 2] / 1e3),
-    ))
+    Ok(DeviceReference {
+        row_off: off_mem,
+        value,
+        mag,
+        offsets: row_off,
+        kernel_time: Duration::from_secs_f64(times[times.len() / 2] / 1e3),
+    })
 }
 
 /// The exact reference of every row, computed on the GPU (not yet cross-checked:

@@ -169,6 +169,58 @@ impl DeviceMemory {
     }
 }
 
+/// A byte range inside a live [`DeviceMemory`] (an arena's allocation lent to a case).
+#[derive(Clone, Copy, Debug)]
+pub struct DeviceSpan {
+    pub ptr: u64,
+    pub bytes: u64,
+}
+
+impl DeviceSpan {
+    /// `bytes` bytes of `mem` from byte `offset`.
+    pub fn of(mem: &DeviceMemory, offset: u64, bytes: u64) -> DeviceSpan {
+        assert!(
+            offset + bytes <= mem.bytes.max(16),
+            "span past the allocation"
+        );
+        DeviceSpan {
+            ptr: mem.ptr + offset,
+            bytes,
+        }
+    }
+
+    pub fn upload<T: Copy>(&self, offset: u64, src: &[T]) -> Result<(), DeviceError> {
+        let n = std::mem::size_of_val(src) as u64;
+        assert!(offset + n <= self.bytes, "upload past the span");
+        if n == 0 {
+            return Ok(());
+        }
+        // SAFETY: bounds checked above against a span of a live allocation.
+        unsafe { result::memcpy_htod_sync(self.ptr + offset, src) }.map_err(drv)
+    }
+
+    pub fn download<T: Copy>(&self, offset: u64, dst: &mut [T]) -> Result<(), DeviceError> {
+        let n = std::mem::size_of_val(dst) as u64;
+        assert!(offset + n <= self.bytes, "download past the span");
+        if n == 0 {
+            return Ok(());
+        }
+        // SAFETY: bounds checked above against a span of a live allocation.
+        unsafe { result::memcpy_dtoh_sync(dst, self.ptr + offset) }.map_err(drv)
+    }
+
+    /// Sets every whole 32-bit word of the span to `word`.
+    pub fn fill_u32(&self, word: u32) -> Result<(), DeviceError> {
+        let n = (self.bytes / 4) as usize;
+        if n == 0 {
+            return Ok(());
+        }
+        // SAFETY: `n` words inside a span of a live allocation; the span is 4-aligned
+        // (cuMemAlloc aligns to 256 bytes and spans start at multiples of 4).
+        unsafe { sys::cuMemsetD32_v2(self.ptr, word, n).result() }.map_err(drv)
+    }
+}
+
 impl Drop for DeviceMemory {
     fn drop(&mut self) {
         // SAFETY: frees our own allocation once; after a fault the call fails harmlessly.

@@ -9,8 +9,11 @@
 
 use super::safetensors_stream::{self as st, Data};
 use super::shm::ShmTensors;
-use crate::case::{BlockTable, Case, ContextLens, Shape, SparseKvCache};
-use crate::kernel::{Capabilities, CompileField, OutputBuffer, RunError, RunInfo, GUARD_ELEMS};
+use crate::case::{BlockTable, Case, ContextLens, DrawnValues, Shape, SparseKvCache};
+use crate::kernel::{
+    Capabilities, CompileField, DeviceJudgeRequest, DeviceJudgement, OutputBuffer, RunError,
+    RunInfo, GUARD_ELEMS,
+};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -64,6 +67,15 @@ pub struct Hello {
     /// [`crate::kernel::CompileField`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub compile_key: Vec<CompileField>,
+    /// Optional: the worker draws a generated case's keys itself from the value recipe
+    /// of a request's `kv_values` (built-in workers; on a GPU, on the device), so the
+    /// harness sends block ids only.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub draws_values: bool,
+    /// Optional: the worker judges a request's output on its device when the request
+    /// carries `judge` (built-in CUDA workers), and answers with a `judgement`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub judges_on_device: bool,
 }
 
 /// Why a worker could not run a case (the `kind` of an `error` line).
@@ -96,6 +108,14 @@ pub enum WorkerLine {
         /// (`upload`, `kernel`, `download`, ...), for the report's split of the time.
         #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
         phases_us: BTreeMap<String, f64>,
+        /// The answer to a request's `judge` (workers whose hello says
+        /// `judges_on_device`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        judgement: Option<Box<DeviceJudgement>>,
+        /// With a `judgement`: whether the output was written into the region (only
+        /// when the judgement holds a finding).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        output_written: Option<bool>,
     },
     Error {
         /// `null` for an error before any request (e.g. the library is not installed).
@@ -222,6 +242,16 @@ pub struct RunRequest {
     /// which read the region, are unaffected.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub logits_poisoned: bool,
+    /// Only to workers whose hello says `draws_values`: the keys are not sent; block
+    /// `l` of `kv_block_ids` (in draw order) holds the values the generator draws for
+    /// index `l` of this recipe.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_values: Option<DrawnValues>,
+    /// Only to workers whose hello says `judges_on_device` (protocol 2): judge the
+    /// output on the device and write it into the region only if the judgement holds a
+    /// finding. The region's `logits` are then not poisoned by the harness.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub judge: Option<DeviceJudgeRequest>,
     pub context_lens: LensWire,
 }
 
@@ -262,6 +292,8 @@ impl RunRequest {
             guard_elems: GUARD_ELEMS,
             poison_bits: crate::kernel::POISON_BITS,
             logits_poisoned: false,
+            kv_values: None,
+            judge: None,
             context_lens: match &case.context_lens {
                 ContextLens::PerSequence(v) => LensWire::PerSequence(v.clone()),
                 ContextLens::PerToken(v) => LensWire::PerToken(v.clone()),
@@ -282,10 +314,19 @@ pub struct WireInts {
     lens_shape: Vec<usize>,
     table: Vec<i32>,
     ids: Vec<i64>,
+    /// The keys travel as their recipe: `ids` in draw order, no `kv_blocks` tensor.
+    drawn: Option<DrawnValues>,
 }
 
 impl WireInts {
+    /// The stored blocks' ids, ascending (their bytes follow in `kv_blocks`).
     pub fn new(case: &Case) -> WireInts {
+        Self::with(case, false)
+    }
+
+    /// For a worker that draws values: a drawn cache travels as its recipe and its ids
+    /// in draw order; a stored one as [`Self::new`].
+    pub fn with(case: &Case, worker_draws: bool) -> WireInts {
         let s = &case.shape;
         let (lens, lens_shape) = match &case.context_lens {
             ContextLens::PerSequence(v) => (v.iter().map(|&x| x as i32).collect(), vec![s.batch]),
@@ -299,8 +340,21 @@ impl WireInts {
             lens_shape,
             // Validation guarantees table entries fit in int32.
             table: case.block_table.entries.iter().map(|&x| x as i32).collect(),
-            ids: case.kv.blocks.keys().map(|&id| id as i64).collect(),
+            ids: match case.kv.drawn_values().filter(|_| worker_draws) {
+                Some((_, ids)) => ids.iter().map(|&id| id as i64).collect(),
+                None => case.kv.ids().into_iter().map(|id| id as i64).collect(),
+            },
+            drawn: case
+                .kv
+                .drawn_values()
+                .filter(|_| worker_draws)
+                .map(|(v, _)| v),
         }
+    }
+
+    /// The recipe a request's `kv_values` carries (`None`: the blocks travel).
+    pub fn drawn(&self) -> Option<DrawnValues> {
+        self.drawn
     }
 }
 
@@ -324,9 +378,8 @@ pub fn wire_inputs<'a>(
     ints: &'a WireInts,
 ) -> Vec<(&'static str, Vec<usize>, Data<'a>)> {
     let s = &case.shape;
-    let blocks: Vec<&[u8]> = case.kv.blocks.values().map(Vec::as_slice).collect();
     let (lens, lens_shape, table, ids) = (&ints.lens, &ints.lens_shape, &ints.table, &ints.ids);
-    vec![
+    let mut v = vec![
         (
             "q",
             vec![s.batch, s.next_n, s.heads, s.head_dim],
@@ -340,12 +393,16 @@ pub fn wire_inputs<'a>(
             Data::I32(table),
         ),
         ("kv_block_ids", vec![ids.len()], Data::I64(ids)),
-        (
+    ];
+    if ints.drawn.is_none() {
+        let blocks: Vec<&[u8]> = case.kv.iter().map(|(_, b)| b).collect();
+        v.push((
             "kv_blocks",
             vec![ids.len(), s.block_bytes()],
             Data::Pieces(blocks),
-        ),
-    ]
+        ));
+    }
+    v
 }
 
 /// A version-2 region's layout for `case`: `logits` first, at offset 0 (so that an
@@ -492,19 +549,31 @@ pub fn read_inputs(req: &RunRequest, r: &mut dyn TensorSource, what: &str) -> Re
             "tensor kv_block_ids has shape {is:?}, expected one dimension"
         )));
     }
-    let (bs_shape, blocks) = r.bytes("kv_blocks").map_err(at)?;
-    let n = is[0];
-    expect("kv_blocks", &bs_shape, &[n, shape.block_bytes()])?;
-    let mut kv = SparseKvCache::default();
-    let bb = shape.block_bytes();
-    for (k, (&id, block)) in ids.iter().zip(blocks.chunks_exact(bb.max(1))).enumerate() {
-        if id < 0 {
-            return Err(at(format!("kv_block_ids[{k}] = {id} is negative")));
-        }
-        if kv.blocks.insert(id as u64, block.to_vec()).is_some() {
-            return Err(at(format!("kv_block_ids[{k}] = {id} is given twice")));
-        }
+    if let Some(k) = ids.iter().position(|&id| id < 0) {
+        return Err(at(format!("kv_block_ids[{k}] = {} is negative", ids[k])));
     }
+    let kv = match req.kv_values {
+        // The keys from their recipe, drawn where they are needed (on the device).
+        Some(values) => crate::generate::values::drawn_cache(
+            &shape,
+            values,
+            ids.iter().map(|&id| id as u64).collect(),
+        )
+        .map_err(|e| at(format!("kv_values: {e}")))?,
+        None => {
+            let (bs_shape, blocks) = r.bytes("kv_blocks").map_err(at)?;
+            let n = is[0];
+            expect("kv_blocks", &bs_shape, &[n, shape.block_bytes()])?;
+            let mut kv = SparseKvCache::default();
+            let bb = shape.block_bytes();
+            for (k, (&id, block)) in ids.iter().zip(blocks.chunks_exact(bb.max(1))).enumerate() {
+                if kv.insert(id as u64, block.to_vec()).is_some() {
+                    return Err(at(format!("kv_block_ids[{k}] = {id} is given twice")));
+                }
+            }
+            kv
+        }
+    };
     let context_lens = match &req.context_lens {
         LensWire::PerSequence(v) => ContextLens::PerSequence(v.clone()),
         LensWire::PerToken(v) => ContextLens::PerToken(v.clone()),
@@ -670,6 +739,8 @@ mod tests {
             device: "cpu".into(),
             capabilities: caps,
             compile_key: vec![CompileField::Heads, CompileField::Lens2d],
+            draws_values: false,
+            judges_on_device: false,
         };
         let line = WorkerLine::Hello(Box::new(h.clone())).to_line();
         assert_eq!(parse_hello(&line, all).unwrap(), h);

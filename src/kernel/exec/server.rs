@@ -109,6 +109,10 @@ pub fn serve(
         device,
         capabilities: k.capabilities().clone(),
         compile_key: k.compile_key().to_vec(),
+        // Built-in workers draw a generated case's keys from its recipe: on the device
+        // for CUDA kernels, here for the others.
+        draws_values: true,
+        judges_on_device: k.device_judge().is_ok(),
     };
     send(&mut out, &WorkerLine::Hello(Box::new(hello))).map_err(io)?;
     let stdin = std::io::stdin();
@@ -271,19 +275,20 @@ fn answer(k: &dyn Kernel, req: &RunRequest, regions: &mut Vec<SharedRegion>) -> 
     if let Some(why) = k.capabilities().rejects(&case) {
         return error(ErrorKind::Skipped, why);
     }
+    // Keys sent as their recipe: drawn here, before the kernel's clock starts, unless
+    // the kernel draws them on its device.
+    let t_draw = Instant::now();
+    if !k.on_accelerator() {
+        case.kv.materialize();
+    }
+    let draw_secs = t_draw.elapsed().as_secs_f64();
+    if let Some(judge) = &req.judge {
+        return answer_judged(k, req, judge, &case, &mut buf, in_place, read_secs);
+    }
     let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| k.run(&case, &mut buf)));
     match ran {
-        Err(p) => {
-            let what = p
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_else(|| "(no message)".into());
-            error(ErrorKind::Crash, format!("kernel panicked: {what}"))
-        }
-        Ok(Err(RunError::Crash(m))) => error(ErrorKind::Crash, m),
-        Ok(Err(RunError::Skipped(m))) => error(ErrorKind::Skipped, m),
-        Ok(Err(RunError::Environment(m))) => error(ErrorKind::Environment, m),
+        Err(p) => error(ErrorKind::Crash, panic_message(p)),
+        Ok(Err(e)) => run_error(req.id, e),
         Ok(Ok(info)) => {
             let t1 = Instant::now();
             let written = if in_place {
@@ -299,18 +304,99 @@ fn answer(k: &dyn Kernel, req: &RunRequest, regions: &mut Vec<SharedRegion>) -> 
                     kernel_time_us: info.kernel_time.map(|t| t.as_secs_f64() * 1e6),
                     inputs_intact: info.inputs_intact,
                     device_bytes: info.device_bytes,
-                    phases_us: phases_us(&info.phases, read_secs, t1.elapsed().as_secs_f64()),
+                    phases_us: phases_us(
+                        &info.phases,
+                        read_secs,
+                        draw_secs,
+                        t1.elapsed().as_secs_f64(),
+                    ),
+                    judgement: None,
+                    output_written: None,
                 },
             }
         }
     }
 }
 
+/// A request with `judge`: the kernel runs and judges on its device; the output is in
+/// the region only when the judgement says so (protocol 2 only: a judged output has no
+/// file to go to).
+fn answer_judged(
+    k: &dyn Kernel,
+    req: &RunRequest,
+    judge: &crate::kernel::DeviceJudgeRequest,
+    case: &Case,
+    buf: &mut OutputBuffer,
+    in_place: bool,
+    read_secs: f64,
+) -> WorkerLine {
+    let error = |kind, message| WorkerLine::Error {
+        id: Some(req.id),
+        kind,
+        message,
+    };
+    if !in_place {
+        return error(
+            ErrorKind::Crash,
+            "a request to judge on the device needs protocol 2 (a shared region)".into(),
+        );
+    }
+    let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        k.run_judged(case, judge, buf)
+    }));
+    match ran {
+        Err(p) => error(ErrorKind::Crash, panic_message(p)),
+        Ok(Err(e)) => run_error(req.id, e),
+        Ok(Ok(run)) => WorkerLine::Result {
+            id: req.id,
+            output: None,
+            kernel_time_us: run.info.kernel_time.map(|t| t.as_secs_f64() * 1e6),
+            inputs_intact: run.info.inputs_intact,
+            device_bytes: run.info.device_bytes,
+            phases_us: phases_us(&run.info.phases, read_secs, 0.0, 0.0),
+            judgement: Some(Box::new(run.judgement)),
+            output_written: Some(run.output_written),
+        },
+    }
+}
+
+/// A kernel's panic as the message of a `crash` line.
+fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
+    let what = p
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "(no message)".into());
+    format!("kernel panicked: {what}")
+}
+
+/// A run's error as the `error` line of request `id`.
+fn run_error(id: u64, e: RunError) -> WorkerLine {
+    let (kind, message) = match e {
+        RunError::Crash(m) => (ErrorKind::Crash, m),
+        RunError::Skipped(m) => (ErrorKind::Skipped, m),
+        RunError::Environment(m) => (ErrorKind::Environment, m),
+    };
+    WorkerLine::Error {
+        id: Some(id),
+        kind,
+        message,
+    }
+}
+
 /// The kernel's phases and the worker's own reading of the case and writing of the
 /// output, in microseconds (the `phases_us` of a result line).
-fn phases_us(kernel: &BTreeMap<String, f64>, read: f64, write: f64) -> BTreeMap<String, f64> {
+fn phases_us(
+    kernel: &BTreeMap<String, f64>,
+    read: f64,
+    draw: f64,
+    write: f64,
+) -> BTreeMap<String, f64> {
     let mut p: BTreeMap<String, f64> = kernel.iter().map(|(k, t)| (k.clone(), t * 1e6)).collect();
     p.insert("worker: read case".into(), read * 1e6);
+    if draw > 0.0 {
+        p.insert("worker: draw values".into(), draw * 1e6);
+    }
     p.insert("worker: write output".into(), write * 1e6);
     p
 }
