@@ -62,6 +62,9 @@ pub struct Config {
     pub replay_corpus: bool,
     pub save_corpus: bool,
     pub oracle: OracleConfig,
+    /// Why `oracle.judge` is `cpu` when the user did not ask for it (said in the
+    /// campaign's judge line).
+    pub judge_reason: Option<String>,
     pub quiet: bool,
     pub command_line: String,
     /// Stop generating once this many distinct findings were made (selftest).
@@ -114,6 +117,7 @@ impl Config {
             replay_corpus: true,
             save_corpus: true,
             oracle: OracleConfig::default(),
+            judge_reason: None,
             quiet: false,
             command_line: String::new(),
             stop_after_findings: None,

@@ -79,7 +79,7 @@ pub(super) fn start(
             None => kernel::open(k),
         })
         .collect::<Result<_, _>>()?;
-    let host_values = judge_sites(cfg, &kernels)?;
+    let (host_values, judge_line) = judge_sites(cfg, &kernels)?;
     if cfg.save_corpus {
         check_corpus_dir(&cfg.corpus_dir)?;
     }
@@ -96,6 +96,9 @@ pub(super) fn start(
     })?;
     check_writable(&cfg.report_dir, "report")?;
     interrupt::install();
+    if !cfg.quiet {
+        eprintln!("mqa-fuzz: judge: {judge_line}");
+    }
 
     let full_size = kernels.iter().any(|k| k.on_accelerator());
     let scale = cfg
@@ -134,16 +137,20 @@ pub(super) fn start(
     Ok((engine, corpus))
 }
 
-/// Where each kernel's cases are judged (`--judge`), said in one line; a kernel that
-/// cannot judge on its device under `--judge gpu` is a usage error. Returns whether the
-/// host needs every case's values (a kernel judged on the CPU: its reference reads them
-/// all, so they are drawn with the case, on every core, and counted as generation).
-fn judge_sites(cfg: &Config, kernels: &[Box<dyn Kernel>]) -> Result<bool, Fatal> {
+/// Where each kernel's cases are judged (`--judge`), in words for the campaign's judge
+/// line; a kernel that cannot judge on its device under `--judge gpu` is a usage error.
+/// Also whether the host needs every case's values (a kernel judged on the CPU: its
+/// reference reads them all, so they are drawn with the case, on every core, and
+/// counted as generation).
+fn judge_sites(cfg: &Config, kernels: &[Box<dyn Kernel>]) -> Result<(bool, String), Fatal> {
     let mut words = Vec::new();
     let mut host_values = false;
     for k in kernels {
         let site = match (cfg.oracle.judge, k.device_judge()) {
-            (JudgeMode::Cpu, _) => "on the CPU (--judge cpu)".to_string(),
+            (JudgeMode::Cpu, _) => format!(
+                "on the CPU ({})",
+                cfg.judge_reason.as_deref().unwrap_or("--judge cpu")
+            ),
             (_, Ok(())) => {
                 "on the GPU next to its output (exact GPU reference; the CPU re-checks both ends of every row and the edges of a few)".to_string()
             }
@@ -157,10 +164,7 @@ fn judge_sites(cfg: &Config, kernels: &[Box<dyn Kernel>]) -> Result<bool, Fatal>
         host_values |= !site.starts_with("on the GPU");
         words.push(format!("{} {site}", k.name()));
     }
-    if !cfg.quiet {
-        eprintln!("mqa-fuzz: judge: {}", words.join("; "));
-    }
-    Ok(host_values)
+    Ok((host_values, words.join("; ")))
 }
 
 /// Shape epochs over the union of the kernels' compile keys: `--shape-epoch N`, by

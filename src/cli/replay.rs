@@ -21,6 +21,21 @@ fn recorded_kernels(file: &CaseFile) -> Option<Vec<String>> {
     }
 }
 
+/// The judge of a replay: where two or more kernels replay a file their outputs are
+/// compared element by element here, so they are judged here; else where `--judge auto`
+/// would.
+fn replay_oracle(topk: usize, plan: &[Vec<String>]) -> OracleConfig {
+    OracleConfig {
+        topk,
+        judge: if plan.iter().any(|names| names.len() >= 2) {
+            crate::oracle::JudgeMode::Cpu
+        } else {
+            crate::oracle::JudgeMode::Auto
+        },
+        ..Default::default()
+    }
+}
+
 pub(super) fn cmd_replay(
     files: &[PathBuf],
     kernel_names: &[String],
@@ -73,10 +88,7 @@ pub(super) fn cmd_replay(
         }
         plan.push(names);
     }
-    let cfg = OracleConfig {
-        topk,
-        ..Default::default()
-    };
+    let cfg = replay_oracle(topk, &plan);
     let mut any_finding = false;
     let mut out = Vec::new();
     for ((path, file), names) in cases.iter().zip(&plan) {

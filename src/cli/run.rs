@@ -119,6 +119,23 @@ pub(super) fn cmd_run(args: RunArgs) -> Result<i32, Fatal> {
     cfg.stop_after_findings = args.max_findings;
     cfg.verify = args.verify;
     cfg.oracle.judge = args.judge;
+    if cfg.kernels.len() > 1 {
+        // Two kernels' outputs are compared element by element (`divergent`) on the host.
+        const WHY: &str =
+            "two or more kernels: their outputs are compared element by element on the host";
+        match args.judge {
+            crate::oracle::JudgeMode::Gpu => {
+                return Err(Fatal::usage(format!(
+                    "--judge gpu: {WHY}; give one kernel, or --judge auto"
+                )))
+            }
+            crate::oracle::JudgeMode::Auto => {
+                cfg.oracle.judge = crate::oracle::JudgeMode::Cpu;
+                cfg.judge_reason = Some(WHY.into());
+            }
+            crate::oracle::JudgeMode::Cpu => {}
+        }
+    }
     cfg.scale = args.scale;
     cfg.shape_epoch = args.shape_epoch;
     cfg.properties = crate::property::PropertyConfig {

@@ -89,9 +89,12 @@ pub fn chosen_sequence(case: &Case) -> Option<usize> {
         .max_by_key(|&b| (valid(b), std::cmp::Reverse(b)))
 }
 
+/// A variant of the batch: what it is, the sub-case, where the sequence sits in it.
+type SubBatch = (&'static str, Case, usize);
+
 /// The sequence to check and its two variants, `(what, sub-case, its sequence there)`:
 /// alone, and with the batch reversed; `Err(skipped)` when there is none to check.
-fn variants(case: &Case) -> Result<(usize, [(&'static str, Case, usize); 2]), Outcome> {
+fn variants(case: &Case) -> Result<(usize, [SubBatch; 2]), Outcome> {
     let Some(b) = chosen_sequence(case) else {
         let why = if case.shape.batch < 2 {
             "one sequence"

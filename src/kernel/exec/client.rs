@@ -13,15 +13,17 @@ use super::protocol::{self, ErrorKind, Hello, RunRequest, Transport, WorkerLine}
 use super::shm::{RegionOutput, RegionPool, SharedRegion};
 use crate::case::Case;
 use crate::kernel::{
-    Capabilities, DeviceJudgeRequest, DeviceJudgement, JudgedRun, Kernel, OutputBuffer, RunError,
-    RunInfo,
+    Capabilities, DeviceJudgeRequest, JudgedRun, Kernel, OutputBuffer, RunError, RunInfo,
 };
+use judged::Answer;
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::RecvTimeoutError;
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
+
+mod judged;
 
 /// Cases in flight per GPU worker: one runs on the device while the others are being
 /// generated, transferred and judged on the host (a real library's kernel takes 0.1 ms;
@@ -285,48 +287,6 @@ impl ExecKernel {
         let _ = std::fs::remove_file(&case_path);
         let _ = std::fs::remove_file(&out_path);
         result
-    }
-
-    /// Protocol 2 with `out` in a region of the pool (`None` otherwise): the inputs are
-    /// written beside it and the worker writes the output in place (or, with `judge`,
-    /// judges it on its device and writes it only when the judgement says so).
-    fn run_in_place(
-        &self,
-        slot: &mut Slot,
-        id: u64,
-        case: &Case,
-        out: &mut OutputBuffer,
-        poisoned: bool,
-        judge: Option<&DeviceJudgeRequest>,
-    ) -> Option<Result<Answer, RunError>> {
-        let pool = self.outputs.as_ref()?;
-        let storage = out
-            .shared_storage_mut()
-            .and_then(|s| s.as_any_mut().downcast_mut::<RegionOutput>())
-            .filter(|r| r.is_from(pool))?;
-        let t0 = Instant::now();
-        let ints = protocol::WireInts::with(case, self.hello.draws_values);
-        let layout = storage.layout.clone();
-        storage
-            .region_mut()
-            .write(&layout, &protocol::wire_inputs(case, &ints));
-        let written = t0.elapsed().as_secs_f64();
-        let mut req = RunRequest::new(id, case, Transport::Shm(layout));
-        req.logits_poisoned = poisoned;
-        req.kv_values = ints.drawn();
-        req.judge = judge.cloned();
-        let result = self.exchange(slot, &req);
-        if let Err(RunError::Crash(_)) = &result {
-            // The worker was killed or shut down mid-case: its region is not reused, in
-            // case it was still writing.
-            storage.tainted = true;
-        }
-        Some(result.map(|mut a| {
-            a.info
-                .phases
-                .insert("harness: write inputs".into(), written);
-            a
-        }))
     }
 
     /// Protocol 2: the case goes into the shared region of its output buffer (made by
@@ -615,38 +575,11 @@ impl Kernel for ExecKernel {
     }
 
     fn device_judge(&self) -> Result<(), String> {
-        if !self.hello.judges_on_device {
-            return Err(format!(
-                "{}'s worker does not judge on its device",
-                self.name
-            ));
-        }
-        if self.outputs.is_none() {
-            return Err(format!(
-                "{}'s worker speaks protocol 1 (no shared memory for the output)",
-                self.name
-            ));
-        }
-        Ok(())
+        self.judges_on_device()
     }
 
     fn output_for_judged(&self, case: &Case) -> OutputBuffer {
-        if let Some(pool) = &self.outputs {
-            let ints = protocol::WireInts::with(case, self.hello.draws_values);
-            let layout = protocol::region_layout(case, &ints, String::new());
-            if let Ok(storage) = RegionOutput::new(pool, layout) {
-                // Not poisoned: the worker poisons its device buffer, and copies the
-                // whole of it (guards included) here only when the judgement says so.
-                return OutputBuffer::over(
-                    case.rows(),
-                    case.max_model_len,
-                    case.out_row_stride,
-                    Box::new(storage),
-                    false,
-                );
-            }
-        }
-        self.output_for(case)
+        self.unpoisoned_output(case)
     }
 
     fn run_judged(
@@ -655,45 +588,7 @@ impl Kernel for ExecKernel {
         req: &DeviceJudgeRequest,
         out: &mut OutputBuffer,
     ) -> Result<JudgedRun, RunError> {
-        self.device_judge().map_err(RunError::Environment)?;
-        let t0 = Instant::now();
-        let k = self.take_slot();
-        let waited = t0.elapsed();
-        let result = {
-            let mut slot = self.slots[k].lock().unwrap_or_else(|e| e.into_inner());
-            (|| {
-                if slot.worker.is_none() {
-                    self.restart(&mut slot)?;
-                }
-                if slot.protocol < 2 {
-                    return Err(RunError::Environment(format!(
-                        "{}'s restarted worker speaks protocol 1",
-                        self.name
-                    )));
-                }
-                let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-                self.run_in_place(&mut slot, id, case, out, false, Some(req))
-                    .unwrap_or_else(|| {
-                        Err(RunError::Environment(
-                            "the output of a case judged on the device must be in shared memory"
-                                .into(),
-                        ))
-                    })
-            })()
-        };
-        self.give_slot(k);
-        let a = result?;
-        let judgement = a
-            .judgement
-            .ok_or_else(|| RunError::Crash("the worker answered without a judgement".into()))?;
-        Ok(JudgedRun {
-            info: RunInfo {
-                queue_wait: Some(waited),
-                ..a.info
-            },
-            judgement,
-            output_written: a.output_written,
-        })
+        self.run_judged_in_worker(case, req, out)
     }
 
     fn run(&self, case: &Case, out: &mut OutputBuffer) -> Result<RunInfo, RunError> {
@@ -721,15 +616,6 @@ impl Drop for ExecKernel {
             let _ = std::fs::remove_dir_all(&slot.dir);
         }
     }
-}
-
-/// A worker's answer to one request.
-struct Answer {
-    info: RunInfo,
-    /// The device judge's answer to a request's `judge`.
-    judgement: Option<DeviceJudgement>,
-    /// Whether the output is in the region (always, without a judgement).
-    output_written: bool,
 }
 
 /// Whether two handshakes promise the same contract. `max_kv_bytes` is left out: adapters

@@ -1,0 +1,153 @@
+//! The pool's side of judging on the device (DESIGN §8): a case goes to a worker whose
+//! hello says `judges_on_device` with the request's `judge`, its output region not
+//! poisoned (the worker poisons its own buffer and writes the region only for a
+//! judgement with findings), and the judgement comes back in the result line.
+
+use super::super::protocol::{self, RunRequest, Transport};
+use super::super::shm::RegionOutput;
+use super::{ExecKernel, Slot};
+use crate::case::Case;
+use crate::kernel::{
+    DeviceJudgeRequest, DeviceJudgement, JudgedRun, Kernel, OutputBuffer, RunError, RunInfo,
+};
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+/// A worker's answer to one request.
+pub(super) struct Answer {
+    pub info: RunInfo,
+    /// The device judge's answer to a request's `judge`.
+    pub judgement: Option<DeviceJudgement>,
+    /// Whether the output is in the region (always, without a judgement).
+    pub output_written: bool,
+}
+
+impl ExecKernel {
+    /// [`Kernel::device_judge`]: the worker says it judges on its device (its hello)
+    /// and the output can live in shared memory (protocol 2).
+    pub(super) fn judges_on_device(&self) -> Result<(), String> {
+        if !self.hello.judges_on_device {
+            return Err(format!(
+                "{}'s worker does not judge on its device",
+                self.name
+            ));
+        }
+        if self.outputs.is_none() {
+            return Err(format!(
+                "{}'s worker speaks protocol 1 (no shared memory for the output)",
+                self.name
+            ));
+        }
+        Ok(())
+    }
+
+    /// [`Kernel::output_for_judged`]: a region of the pool, not poisoned.
+    pub(super) fn unpoisoned_output(&self, case: &Case) -> OutputBuffer {
+        if let Some(pool) = &self.outputs {
+            let ints = protocol::WireInts::with(case, self.hello.draws_values);
+            let layout = protocol::region_layout(case, &ints, String::new());
+            if let Ok(storage) = RegionOutput::new(pool, layout) {
+                // Not poisoned: the worker poisons its device buffer, and copies the
+                // whole of it (guards included) here only when the judgement says so.
+                return OutputBuffer::over(
+                    case.rows(),
+                    case.max_model_len,
+                    case.out_row_stride,
+                    Box::new(storage),
+                    false,
+                );
+            }
+        }
+        self.output_for(case)
+    }
+
+    /// [`Kernel::run_judged`]: the case to a worker with `judge`.
+    pub(super) fn run_judged_in_worker(
+        &self,
+        case: &Case,
+        req: &DeviceJudgeRequest,
+        out: &mut OutputBuffer,
+    ) -> Result<JudgedRun, RunError> {
+        self.judges_on_device().map_err(RunError::Environment)?;
+        let t0 = Instant::now();
+        let k = self.take_slot();
+        let waited = t0.elapsed();
+        let result = {
+            let mut slot = self.slots[k].lock().unwrap_or_else(|e| e.into_inner());
+            (|| {
+                if slot.worker.is_none() {
+                    self.restart(&mut slot)?;
+                }
+                if slot.protocol < 2 {
+                    return Err(RunError::Environment(format!(
+                        "{}'s restarted worker speaks protocol 1",
+                        self.name
+                    )));
+                }
+                let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+                self.run_in_place(&mut slot, id, case, out, false, Some(req))
+                    .unwrap_or_else(|| {
+                        Err(RunError::Environment(
+                            "the output of a case judged on the device must be in shared memory"
+                                .into(),
+                        ))
+                    })
+            })()
+        };
+        self.give_slot(k);
+        let a = result?;
+        let judgement = a
+            .judgement
+            .ok_or_else(|| RunError::Crash("the worker answered without a judgement".into()))?;
+        Ok(JudgedRun {
+            info: RunInfo {
+                queue_wait: Some(waited),
+                ..a.info
+            },
+            judgement,
+            output_written: a.output_written,
+        })
+    }
+
+    /// Protocol 2 with `out` in a region of the pool (`None` otherwise): the inputs are
+    /// written beside it and the worker writes the output in place (or, with `judge`,
+    /// judges it on its device and writes it only when the judgement says so).
+    pub(super) fn run_in_place(
+        &self,
+        slot: &mut Slot,
+        id: u64,
+        case: &Case,
+        out: &mut OutputBuffer,
+        poisoned: bool,
+        judge: Option<&DeviceJudgeRequest>,
+    ) -> Option<Result<Answer, RunError>> {
+        let pool = self.outputs.as_ref()?;
+        let storage = out
+            .shared_storage_mut()
+            .and_then(|s| s.as_any_mut().downcast_mut::<RegionOutput>())
+            .filter(|r| r.is_from(pool))?;
+        let t0 = Instant::now();
+        let ints = protocol::WireInts::with(case, self.hello.draws_values);
+        let layout = storage.layout.clone();
+        storage
+            .region_mut()
+            .write(&layout, &protocol::wire_inputs(case, &ints));
+        let written = t0.elapsed().as_secs_f64();
+        let mut req = RunRequest::new(id, case, Transport::Shm(layout));
+        req.logits_poisoned = poisoned;
+        req.kv_values = ints.drawn();
+        req.judge = judge.cloned();
+        let result = self.exchange(slot, &req);
+        if let Err(RunError::Crash(_)) = &result {
+            // The worker was killed or shut down mid-case: its region is not reused, in
+            // case it was still writing.
+            storage.tainted = true;
+        }
+        Some(result.map(|mut a| {
+            a.info
+                .phases
+                .insert("harness: write inputs".into(), written);
+            a
+        }))
+    }
+}

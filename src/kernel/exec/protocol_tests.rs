@@ -1,0 +1,122 @@
+//! Tests of the parent module, in a file of their own (the parent passed 700 lines).
+
+use super::*;
+use crate::case::ValueLayout;
+use crate::fp8::Fp8Format;
+use crate::generate::{Knobs, LensRecipe, OffsetClass, Padding, Recipe, TableOrder, ValueKind};
+
+fn case() -> Case {
+    Recipe {
+        knobs: Knobs {
+            next_n: 2,
+            heads: 4,
+            head_dim: 32,
+            block_size: 16,
+            format: Fp8Format::E4m3fnuz,
+            model_len_slack: 3,
+            out_stride_pad: 5,
+            big_output: false,
+            table_order: TableOrder::Permuted,
+            padding: Padding::MinusOne,
+            surplus_blocks: 1,
+            table_stride_pad: 2,
+            kv_stride_pad: 12,
+            offsets: OffsetClass::Around2G,
+            values: ValueKind::Pipeline,
+            seed: 3,
+        },
+        layout: ValueLayout::Shuffle16,
+        lens: LensRecipe::PerToken(vec![vec![20, 21], vec![0, 3]]),
+    }
+    .materialize()
+}
+
+#[test]
+fn case_file_round_trips_through_a_request() {
+    let c = case();
+    let dir = tempfile::tempdir().unwrap();
+    let (cp, op) = (
+        dir.path().join("c.safetensors"),
+        dir.path().join("o.safetensors"),
+    );
+    let mut out = OutputBuffer::for_case(&c);
+    write_case_file(&cp, &c, &out).unwrap();
+    let req = RunRequest::new(
+        9,
+        &c,
+        Transport::Files {
+            case: &cp,
+            output: &op,
+        },
+    );
+    let line = req.to_line();
+    let back: RunRequest = serde_json::from_str(&line).unwrap();
+    assert_eq!(back, req);
+    let (c2, out2) = read_case_file(&back).unwrap();
+    assert_eq!(c2, c);
+    assert!(out2
+        .raw()
+        .0
+        .iter()
+        .all(|x| x.to_bits() == crate::kernel::POISON_BITS));
+    // An output with a guard write survives the trip, so oob checks stay meaningful.
+    let mut o3 = out2.clone();
+    o3.raw_mut().0[1] = 5.0;
+    o3.set(0, 0, 1.25);
+    write_output(&op, &o3).unwrap();
+    read_output(&op, &mut out).unwrap();
+    assert_eq!(out.get(0, 0), 1.25);
+    assert_eq!(out.out_of_bounds_writes(), vec![1]);
+}
+
+#[test]
+fn a_worker_chooses_the_newest_offered_version() {
+    assert_eq!(chosen_protocol(Some("1,2")), 2);
+    assert_eq!(chosen_protocol(Some("1")), 1);
+    assert_eq!(chosen_protocol(Some("2, 7")), 2);
+    assert_eq!(chosen_protocol(None), 1, "an older mqa-fuzz offers nothing");
+    assert_eq!(chosen_protocol(Some("")), 1);
+}
+
+#[test]
+fn hello_version_skew_is_an_environment_error() {
+    let all = &SUPPORTED_PROTOCOLS;
+    let e = parse_hello(r#"{"type":"hello","protocol":3,"name":"x"}"#, all).unwrap_err();
+    assert!(
+        matches!(&e, RunError::Environment(m) if m.contains("protocol 3") && m.contains("[1, 2]")),
+        "{e}"
+    );
+    // A version this build knows but did not offer (MQA_FUZZ_EXEC_PROTOCOL=1).
+    let e = parse_hello(r#"{"type":"hello","protocol":2,"name":"x"}"#, &[1]).unwrap_err();
+    assert!(
+        matches!(&e, RunError::Environment(m) if m.contains("speaks protocol 1")),
+        "{e}"
+    );
+    let e = parse_hello("garbage", all).unwrap_err();
+    assert!(matches!(e, RunError::Crash(_)));
+    let e = parse_hello(
+        r#"{"type":"error","id":null,"kind":"environment","message":"no deep_gemm"}"#,
+        all,
+    )
+    .unwrap_err();
+    assert!(matches!(&e, RunError::Environment(m) if m.contains("no deep_gemm")));
+    let caps = crate::kernel::Capabilities::everything(crate::case::ScalePlacement::AfterReluSum);
+    let h = Hello {
+        protocol: 1,
+        name: "n".into(),
+        library: "l".into(),
+        version: "v".into(),
+        device: "cpu".into(),
+        capabilities: caps,
+        compile_key: vec![CompileField::Heads, CompileField::Lens2d],
+        draws_values: false,
+        judges_on_device: false,
+    };
+    let line = WorkerLine::Hello(Box::new(h.clone())).to_line();
+    assert_eq!(parse_hello(&line, all).unwrap(), h);
+    let e = parse_hello(r#"{"type":"hello","protocol":1,"name":"x","library":"l","version":"v","device":"d","capabilities":{}}"#, all).unwrap_err();
+    assert!(
+        matches!(&e, RunError::Environment(m) if m.contains("capabilities")),
+        "{e}"
+    );
+}
