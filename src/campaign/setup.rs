@@ -147,6 +147,10 @@ fn judge_sites(cfg: &Config, kernels: &[Box<dyn Kernel>]) -> Result<(bool, Strin
     let mut host_values = false;
     for k in kernels {
         let site = match (cfg.oracle.judge, k.device_judge()) {
+            // A kernel that cannot judge on its device says why, whatever chose the CPU.
+            (JudgeMode::Cpu, Err(why)) if cfg.judge_reason.is_some() => {
+                format!("on the CPU ({why})")
+            }
             (JudgeMode::Cpu, _) => format!(
                 "on the CPU ({})",
                 cfg.judge_reason.as_deref().unwrap_or("--judge cpu")

@@ -18,6 +18,7 @@ use crate::kernel::{
     OutsideContract,
 };
 use crate::reference;
+use crate::reference::verify::check_positions;
 use rand::RngExt;
 use rayon::prelude::*;
 
@@ -63,46 +64,33 @@ const DETAILED_ROWS: usize = 3;
 /// Random positions of a detailed row.
 const RANDOM_PER_ROW: usize = 48;
 
-/// The elements the CPU re-checks for `case`: both ends of V(r) of every row (of a
-/// deterministic sample of rows when there are more than the budget allows), and for a
-/// few rows every block, 64-token tile and 256-token chunk edge ±1 and random positions;
-/// at most [`CHECK_BUDGET`], sorted, each inside V(r). `seed` makes the choice (the case's
-/// own seed: the same case is checked the same way).
+/// The elements the CPU re-checks for `case` ([`check_positions`]): both ends of V(r) of
+/// every row (of a deterministic sample of rows when there are more than the budget
+/// allows), and for a few rows the block, 64-token tile and 256-token chunk edges and
+/// random positions; at most [`CHECK_BUDGET`], sorted, each inside V(r). `seed` makes the
+/// choice (the case's own seed: the same case is checked the same way).
 pub fn check_plan(case: &Case, seed: u64) -> Vec<(u32, u32)> {
     let mut rng = crate::generate::recipe::rng_for(seed ^ 0xc4ec_c0de);
     let rows: Vec<usize> = (0..case.rows())
         .filter(|&r| case.valid_len(r) > 0)
         .collect();
     let mut v: Vec<(u32, u32)> = Vec::new();
-    let push = |v: &mut Vec<(u32, u32)>, r: usize, t: usize| {
-        if t < case.valid_len(r) {
-            v.push((r as u32, t as u32));
-        }
+    let add = |v: &mut Vec<(u32, u32)>, r: usize, full: bool, rng: &mut _| {
+        let edges = (CHECK_BUDGET / 4) / (3 * DETAILED_ROWS);
+        let random = if full { RANDOM_PER_ROW } else { 0 };
+        v.extend(
+            check_positions(case, r, full, random, edges, rng)
+                .into_iter()
+                .map(|t| (r as u32, t as u32)),
+        );
     };
     // Detailed rows first, so the cap never cuts them.
-    let detailed: Vec<usize> = (0..DETAILED_ROWS.min(rows.len()))
-        .map(|_| rows[rng.random_range(0..rows.len())])
-        .collect();
-    for &r in &detailed {
-        let len = case.valid_len(r);
-        let per_step = (CHECK_BUDGET / 4) / (3 * DETAILED_ROWS);
-        for step in [case.shape.block_size, 64, reference::verify::CHUNK_EDGE] {
-            let edges = len / step.max(1);
-            // At most `per_step` edges of each kind, evenly spread.
-            let stride = edges.div_ceil(per_step.max(1)).max(1);
-            for e in (1..=edges).step_by(stride) {
-                let at = e * step;
-                for t in [at.wrapping_sub(1), at, at + 1] {
-                    push(&mut v, r, t);
-                }
-            }
-        }
-        for _ in 0..RANDOM_PER_ROW {
-            push(&mut v, r, rng.random_range(0..len));
-        }
+    for _ in 0..DETAILED_ROWS.min(rows.len()) {
+        let r = rows[rng.random_range(0..rows.len())];
+        add(&mut v, r, true, &mut rng);
     }
-    // Context ends of every row (or of a sample when rows are many).
-    let room = CHECK_BUDGET.saturating_sub(v.len()) / 3;
+    // Context edges of every row (or of a sample when rows are many).
+    let room = CHECK_BUDGET.saturating_sub(v.len()) / 4;
     let every = rows.len().div_ceil(room.max(1)).max(1);
     let offset = if every > 1 {
         rng.random_range(0..every)
@@ -110,10 +98,7 @@ pub fn check_plan(case: &Case, seed: u64) -> Vec<(u32, u32)> {
         0
     };
     for &r in rows.iter().skip(offset).step_by(every) {
-        let len = case.valid_len(r);
-        for t in [0, len.saturating_sub(2), len - 1] {
-            push(&mut v, r, t);
-        }
+        add(&mut v, r, false, &mut rng);
     }
     v.sort_unstable();
     v.dedup();

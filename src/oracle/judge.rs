@@ -28,11 +28,10 @@ pub fn judge(
     let (info, out) = match result {
         Ok(x) => x,
         Err(e) => {
-            let e = error_verdict(e);
-            v.classes = e.classes;
-            v.examples = e.examples;
-            v.skipped = e.skipped;
-            return v;
+            return Verdict {
+                topk: v.topk,
+                ..error_verdict(e)
+            }
         }
     };
     debug_assert_eq!(reference.placement, caps.scale_placement);

@@ -7,6 +7,7 @@
 
 use super::{PositionSet, Reference, RowSelection};
 use crate::case::Case;
+use rand::RngExt;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
@@ -107,6 +108,42 @@ pub fn boundary_positions(len: usize, block_size: usize) -> Vec<usize> {
     p.sort_unstable();
     p.dedup();
     p
+}
+
+/// The positions of row `r` the CPU re-checks of a reference or a judgement computed
+/// elsewhere (the GPU): both context edges (`0, 1, len-2, len-1`) always; for `full` rows
+/// also the block, 64-token tile and 256-token chunk edges (`e-1, e`), at most
+/// `max_edges` of each kind, evenly spread, and `random` random positions. Sorted, unique,
+/// inside V(r).
+pub fn check_positions(
+    case: &Case,
+    r: usize,
+    full: bool,
+    random: usize,
+    max_edges: usize,
+    rng: &mut impl rand::Rng,
+) -> Vec<usize> {
+    let len = case.valid_len(r);
+    if len == 0 {
+        return Vec::new();
+    }
+    let mut v = vec![0, 1, len.saturating_sub(2), len - 1];
+    if full {
+        for step in [case.shape.block_size.max(1), 64, CHUNK_EDGE] {
+            let edges = (len - 1) / step;
+            let every = edges.div_ceil(max_edges.max(1)).max(1);
+            for k in (1..=edges).step_by(every) {
+                v.extend([k * step - 1, k * step]);
+            }
+        }
+        for _ in 0..random {
+            v.push(rng.random_range(0..len));
+        }
+    }
+    v.retain(|&t| t < len);
+    v.sort_unstable();
+    v.dedup();
+    v
 }
 
 /// The fraction of V(r) elements, over all rows, that `reference` holds (1 when the

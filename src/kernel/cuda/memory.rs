@@ -119,7 +119,7 @@ impl Lease {
             )));
         };
         let out = alloc(o)?;
-        let kv = alloc(k.div_ceil(256) * 256)?;
+        let kv = alloc(k)?;
         Ok(Lease {
             out: Some(out),
             kv: Some(kv),
@@ -145,14 +145,6 @@ impl Drop for Lease {
             a.kv = self.kv.take();
         }
     }
-}
-
-/// Gives the arena's memory back to the device (before a large allocation of another
-/// kind, e.g. `bench gpu`'s bandwidth test).
-pub fn release_arena() {
-    let mut a = ARENA.lock().unwrap_or_else(|p| p.into_inner());
-    a.out = None;
-    a.kv = None;
 }
 
 /// A case laid out on the device: its inputs, its poisoned KV cache and output.
@@ -184,7 +176,7 @@ fn pad16(n: u64) -> u64 {
     n.div_ceil(16) * 16
 }
 
-/// The cache's bytes rounded so that it starts 256-aligned at the end of its allocation.
+/// The cache's bytes rounded to whole 256-byte units (the allocation's alignment).
 fn pad256(n: u64) -> u64 {
     n.div_ceil(256) * 256
 }
@@ -233,17 +225,6 @@ pub fn keys_drawn_on_device(case: &Case) -> bool {
 }
 
 impl DeviceCase {
-    /// Device memory the case needs (before allocating), for the fit check.
-    pub fn bytes_needed(case: &Case) -> u64 {
-        (OutputBuffer::raw_len(case.rows(), case.out_row_stride) as u64 * 4)
-            + case.kv_cache_bytes()
-            + case.q.len() as u64
-            + case.weights.len() as u64 * 4
-            + case.block_table.entries.len() as u64 * 4
-            + 4 * (case.rows() as u64 + 64)
-            + 4096
-    }
-
     /// Lays `case` out on the device with the harness's poisoned `out` (copied unless it
     /// is still pristine: then poisoned on the device).
     pub fn upload(
@@ -276,8 +257,7 @@ impl DeviceCase {
             Some(raw) => out_span.upload(0, raw).map_err(failure)?,
             None => out_span.fill_u32(POISON_BITS).map_err(failure)?,
         }
-        let kv_cap = lease.kv().bytes();
-        let kv = DeviceSpan::of(lease.kv(), kv_cap - pad256(kv_bytes), pad256(kv_bytes));
+        let kv = DeviceSpan::of(lease.kv(), 0, pad256(kv_bytes));
 
         let util_poison = gpu
             .function(Program::Util, "poison_kv", &vec![])

@@ -11,7 +11,7 @@ use super::device::{with_gpu, Gpu, GpuFailure};
 use super::memory::{failure, launch, DeviceCase};
 use super::sys::{DeviceMemory, Timer};
 use crate::case::{Case, ScalePlacement, Shape};
-use crate::kernel::OutputBuffer;
+use crate::reference::verify::check_positions;
 use crate::reference::{self, Reference, RowReference};
 use rand::RngExt;
 use rayon::prelude::*;
@@ -330,10 +330,9 @@ pub fn compute_tuned(
     if let Some(why) = rejects(case) {
         return Err(why);
     }
-    let dummy = OutputBuffer::new(1, 1, 1);
     with_gpu(|gpu| {
         let tuning = tuning.unwrap_or_else(|| ReferenceTuning::for_shape(&case.shape, gpu.major));
-        let dc = DeviceCase::upload(gpu, case, &dummy)?;
+        let dc = DeviceCase::upload_poisoned(gpu, case)?;
         compute_on(gpu, &dc, case, placement, tuning, 1)
     })
     .map_err(message)
@@ -485,42 +484,8 @@ pub fn compute(case: &Case, placement: ScalePlacement) -> Result<Reference, Stri
     compute_timed(case, placement).map(|(r, _)| r)
 }
 
-/// The positions of row `r` the CPU re-checks: context edges always; for `full` rows
-/// also every block, 64-token tile and 256-token chunk edge, and `random` random ones.
-pub fn check_positions(
-    case: &Case,
-    r: usize,
-    full: bool,
-    random: usize,
-    rng: &mut impl rand::Rng,
-) -> Vec<usize> {
-    let len = case.valid_len(r);
-    if len == 0 {
-        return Vec::new();
-    }
-    let mut v = vec![0, 1, len.saturating_sub(2), len - 1];
-    if full {
-        let bs = case.shape.block_size;
-        for step in [bs, 64, 256] {
-            let mut e = step;
-            while e < len {
-                v.push(e - 1);
-                v.push(e);
-                e += step;
-            }
-        }
-        for _ in 0..random {
-            v.push(rng.random_range(0..len));
-        }
-    }
-    v.retain(|&t| t < len);
-    v.sort_unstable();
-    v.dedup();
-    v
-}
-
 /// Re-checks a GPU reference on the CPU: `sample_rows` random rows in full detail
-/// (see [`check_positions`]) and the context edges of every row. `Err` names the
+/// (see [`check_positions`](crate::reference::verify::check_positions)) and the context edges of every row. `Err` names the
 /// first element whose bits differ.
 pub fn cross_check(
     case: &Case,
@@ -538,7 +503,7 @@ pub fn cross_check(
     let plan: Vec<(usize, Vec<usize>)> = full
         .iter()
         .enumerate()
-        .map(|(r, &f)| (r, check_positions(case, r, f, 64, &mut rng)))
+        .map(|(r, &f)| (r, check_positions(case, r, f, 64, usize::MAX, &mut rng)))
         .collect();
     let counts: Vec<Result<u64, String>> = plan
         .par_iter()

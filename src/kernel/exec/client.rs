@@ -312,7 +312,8 @@ impl ExecKernel {
             slot.region = Some(SharedRegion::create("mqa-fuzz-case").map_err(env)?);
         }
         let region = slot.region.as_mut().expect("created above");
-        let layout = protocol::region_layout(case, &ints, region.path().to_string());
+        let layout =
+            protocol::region_layout(case, self.hello.draws_values, region.path().to_string());
         region.ensure(layout.bytes).map_err(env)?;
         region.write(&layout, &protocol::wire_tensors(case, &ints, out));
         let written = t0.elapsed().as_secs_f64();
@@ -538,8 +539,7 @@ impl Kernel for ExecKernel {
     /// writes the output in place); on the heap otherwise, or if shared memory fails.
     fn output_for(&self, case: &Case) -> OutputBuffer {
         if let Some(pool) = &self.outputs {
-            let ints = protocol::WireInts::with(case, self.hello.draws_values);
-            let layout = protocol::region_layout(case, &ints, String::new());
+            let layout = protocol::region_layout(case, self.hello.draws_values, String::new());
             match RegionOutput::new(pool, layout) {
                 Ok(storage) => {
                     return OutputBuffer::in_storage(

@@ -405,16 +405,50 @@ pub fn wire_inputs<'a>(
     v
 }
 
-/// A version-2 region's layout for `case`: `logits` first, at offset 0 (so that an
-/// output buffer can live in the region from its start), then the inputs.
-pub fn region_layout(case: &Case, ints: &WireInts, path: String) -> ShmTensors {
+/// A version-2 region's layout for `case` (its keys as a recipe when `worker_draws` and
+/// the case was drawn, as [`WireInts::with`] sends them): `logits` first, at offset 0 (so
+/// that an output buffer can live in the region from its start), then the inputs of
+/// [`wire_inputs`], sized from the case's dimensions without converting anything (an
+/// engine's block table has tens of millions of entries).
+pub fn region_layout(case: &Case, worker_draws: bool, path: String) -> ShmTensors {
+    use st::Dtype::{F32, I32, I64, U8};
+    let s = &case.shape;
     let raw = OutputBuffer::raw_len(case.rows(), case.out_row_stride);
-    let mut specs = vec![("logits", vec![raw], st::Dtype::F32, 4 * raw)];
-    specs.extend(
-        wire_inputs(case, ints)
-            .iter()
-            .map(|(n, shape, d)| (*n, shape.clone(), d.dtype(), d.byte_len())),
-    );
+    let lens_shape = match &case.context_lens {
+        ContextLens::PerSequence(_) => vec![s.batch],
+        ContextLens::PerToken(_) => vec![s.batch, s.next_n],
+    };
+    let lens = lens_shape.iter().product::<usize>();
+    let table = case.block_table.entries.len();
+    let drawn = case.kv.drawn_values().filter(|_| worker_draws);
+    let ids = drawn.map_or(case.kv.len(), |(_, ids)| ids.len());
+    let mut specs = vec![
+        ("logits", vec![raw], F32, 4 * raw),
+        (
+            "q",
+            vec![s.batch, s.next_n, s.heads, s.head_dim],
+            U8,
+            case.q.len(),
+        ),
+        (
+            "weights",
+            vec![s.rows(), s.heads],
+            F32,
+            4 * case.weights.len(),
+        ),
+        ("context_lens", lens_shape, I32, 4 * lens),
+        (
+            "block_table",
+            vec![s.batch, case.block_table.row_stride],
+            I32,
+            4 * table,
+        ),
+        ("kv_block_ids", vec![ids], I64, 8 * ids),
+    ];
+    if drawn.is_none() {
+        let bb = s.block_bytes();
+        specs.push(("kv_blocks", vec![ids, bb], U8, ids * bb));
+    }
     ShmTensors::layout_of(path, &specs)
 }
 

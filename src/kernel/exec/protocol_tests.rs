@@ -120,3 +120,32 @@ fn hello_version_skew_is_an_environment_error() {
         "{e}"
     );
 }
+
+/// The region's layout, sized from the case's dimensions, is the layout of the tensors
+/// the harness writes, for stored blocks and for a drawn cache sent as its recipe.
+#[test]
+fn the_region_layout_fits_the_tensors_written() {
+    let drawn = case();
+    assert!(drawn.kv.drawn_values().is_some());
+    let mut stored = drawn.clone();
+    let first = stored.kv.ids()[0];
+    let b = stored.kv.get(first).unwrap().to_vec();
+    stored.kv.insert(first, b);
+    assert!(stored.kv.drawn_values().is_none());
+    for (c, draws) in [(&drawn, true), (&drawn, false), (&stored, true)] {
+        let ints = WireInts::with(c, draws);
+        let out = OutputBuffer::for_case(c);
+        let written = ShmTensors::layout("p".into(), &wire_tensors(c, &ints, &out));
+        let mut sized = region_layout(c, draws, "p".into());
+        // `logits` comes first in the region, last in the wire's list: compare by name.
+        assert_eq!(sized.tensors.len(), written.tensors.len(), "{draws}");
+        for (name, t) in &written.tensors {
+            let u = sized.tensors.remove(name).unwrap();
+            assert_eq!(
+                (&u.dtype, &u.shape, u.byte_len()),
+                (&t.dtype, &t.shape, t.byte_len()),
+                "{name}"
+            );
+        }
+    }
+}

@@ -44,8 +44,7 @@ impl ExecKernel {
     /// [`Kernel::output_for_judged`]: a region of the pool, not poisoned.
     pub(super) fn unpoisoned_output(&self, case: &Case) -> OutputBuffer {
         if let Some(pool) = &self.outputs {
-            let ints = protocol::WireInts::with(case, self.hello.draws_values);
-            let layout = protocol::region_layout(case, &ints, String::new());
+            let layout = protocol::region_layout(case, self.hello.draws_values, String::new());
             if let Ok(storage) = RegionOutput::new(pool, layout) {
                 // Not poisoned: the worker poisons its device buffer, and copies the
                 // whole of it (guards included) here only when the judgement says so.
