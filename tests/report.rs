@@ -592,3 +592,43 @@ fn big_cases_aggregate_cells_keeping_the_worst_class() {
         j.verdict.classes[&Class::Unwritten]
     );
 }
+
+/// Two shards that found one bug on cases past 2^31 and past 2^32 (triggers
+/// `kv-offset-2g` and `kv-offset-4g`: the stronger band implies the weaker) merge into
+/// one finding, the more general one, their occurrences added; an unrelated trigger
+/// stays apart.
+#[test]
+fn merge_folds_a_stronger_offset_band_into_the_weaker() {
+    let base = with_signatures(&["x"]);
+    let f = |sig: &str, trigger: &[&str], occ: u64| Finding {
+        signature: sig.into(),
+        trigger: trigger.iter().map(|s| s.to_string()).collect(),
+        occurrences: occ,
+        class: Some(Class::Nan),
+        ..base.findings[0].clone()
+    };
+    let shard = |k: u32, findings: Vec<Finding>| Report {
+        shard: Some(Shard { index: k, count: 2 }),
+        findings,
+        ..base.clone()
+    };
+    let m = merge(&[
+        shard(0, vec![f("k|nan|needs:kv-offset-4g", &["kv-offset-4g"], 2)]),
+        shard(
+            1,
+            vec![
+                f("k|nan|needs:kv-offset-2g", &["kv-offset-2g"], 3),
+                f("k|nan|needs:layout", &["layout"], 1),
+            ],
+        ),
+    ]);
+    let sigs: Vec<(&str, u64)> = m
+        .findings
+        .iter()
+        .map(|f| (f.signature.as_str(), f.occurrences))
+        .collect();
+    assert_eq!(
+        sigs,
+        [("k|nan|needs:kv-offset-2g", 5), ("k|nan|needs:layout", 1)]
+    );
+}

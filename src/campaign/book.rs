@@ -432,7 +432,7 @@ impl Book {
             {
                 return None;
             }
-            let within = |a: &[Feature], b: &[Feature]| a.iter().all(|f| b.contains(f));
+            let within = crate::finding::feature::trigger_within;
             let apart = |small: &[Feature], large: &[Feature], large_complete: bool| {
                 small.is_empty() && !large.is_empty() && large_complete
             };
@@ -452,7 +452,7 @@ impl Book {
     /// one) is merged into it too. The old corpus files (named by the old signatures)
     /// are removed, so that the bug keeps one file.
     fn generalise(&mut self, i: usize, sig: Signature, mut f: Finding) {
-        let within = |a: &[Feature], b: &[Feature]| a.iter().all(|x| b.contains(x));
+        let within = crate::finding::feature::trigger_within;
         let absorbed: Vec<usize> = self
             .known
             .iter()

@@ -335,6 +335,21 @@ impl Feature {
         b
     }
 
+    /// Whether a trigger that needs `self` needs `weaker` too: the same feature, or one
+    /// that `self` implies, directly or through another ([`Self::implied_by`]).
+    pub fn implies(self, weaker: Feature) -> bool {
+        let mut f = weaker;
+        loop {
+            if f == self {
+                return true;
+            }
+            match f.implied_by() {
+                Some(stronger) => f = stronger,
+                None => return false,
+            }
+        }
+    }
+
     /// A feature that another one implies, so a trigger that needs the stronger one
     /// does not list the weaker (≥ 2^32 implies ≥ 2^31; next_n ≥ 3 implies ≥ 2).
     pub fn implied_by(self) -> Option<Feature> {
@@ -400,6 +415,14 @@ fn value_name(v: ValueKind) -> &'static str {
     }
 }
 
+/// Whether trigger `small` is contained in trigger `large`: every feature `small` needs,
+/// `large` needs too, itself or through a stronger one it implies (`kv-offset-4g`
+/// contains `kv-offset-2g`, which a trigger never lists beside it). The larger trigger is
+/// then the same bug seen on a more special case (`campaign::book`, `report::fold`).
+pub fn trigger_within(small: &[Feature], large: &[Feature]) -> bool {
+    small.iter().all(|&f| large.iter().any(|&g| g.implies(f)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -427,5 +450,16 @@ mod tests {
         assert!(Feature::ALL
             .iter()
             .all(|f| Feature::parse(f.name()) == Some(*f)));
+    }
+
+    #[test]
+    fn a_stronger_feature_contains_the_weaker_it_implies() {
+        use Feature::*;
+        assert!(trigger_within(&[KvOffset2g], &[KvOffset4g]));
+        assert!(!trigger_within(&[KvOffset4g], &[KvOffset2g]));
+        assert!(trigger_within(&[Lens2d], &[Lens2dNonMonotonic]));
+        assert!(trigger_within(&[], &[KvOffset4g]));
+        assert!(!trigger_within(&[HostileValues], &[KvOffset4g]));
+        assert!(trigger_within(&[KvOffset2g, NextN2], &[NextN3, KvOffset4g]));
     }
 }

@@ -3,6 +3,7 @@
 
 use super::model::*;
 use super::stats::add_map;
+use crate::finding::feature::{trigger_within, Feature};
 use crate::shard::Shard;
 use std::collections::{BTreeSet, HashMap};
 
@@ -15,7 +16,17 @@ fn better(a: &Finding, b: &Finding) -> bool {
 /// crash reason, the same class (or two value classes of a bug with a trigger), and one
 /// trigger contains the other (the campaign's own rule, see `campaign::book`). The finding with the smaller trigger is kept, occurrences add.
 fn fold_special_cases(findings: &mut Vec<Finding>) {
-    let within = |a: &[String], b: &[String]| a.iter().all(|x| b.contains(x));
+    // By feature where the names are known (a stronger feature contains the weaker it
+    // implies), else by name.
+    let within = |a: &[String], b: &[String]| {
+        let parse = |v: &[String]| -> Option<Vec<Feature>> {
+            v.iter().map(|s| Feature::parse(s)).collect()
+        };
+        match (parse(a), parse(b)) {
+            (Some(a), Some(b)) => trigger_within(&a, &b),
+            _ => a.iter().all(|x| b.contains(x)),
+        }
+    };
     let same = |a: &Finding, b: &Finding| {
         let value = |c: Option<crate::oracle::Class>| {
             use crate::oracle::Class::*;
@@ -31,7 +42,7 @@ fn fold_special_cases(findings: &mut Vec<Finding>) {
             j != i
                 && same(&findings[i], &findings[j])
                 && within(&findings[j].trigger, &findings[i].trigger)
-                && (findings[j].trigger.len() < findings[i].trigger.len() || j < i)
+                && (!within(&findings[i].trigger, &findings[j].trigger) || j < i)
         });
         match general {
             Some(j) => {
