@@ -632,3 +632,46 @@ fn merge_folds_a_stronger_offset_band_into_the_weaker() {
         [("k|nan|needs:kv-offset-2g", 5), ("k|nan|needs:layout", 1)]
     );
 }
+
+/// Counts in a report come from a file another machine wrote: shards whose every count
+/// is `u64::MAX` merge and render without an overflow (tests build with overflow checks:
+/// an unchecked `+` panics here), and the sums stay at `u64::MAX`.
+#[test]
+fn counts_at_u64_max_merge_and_render_saturated() {
+    fn saturate(v: &mut serde_json::Value, key: &str) {
+        use serde_json::Value;
+        match v {
+            // Fields of other widths (the property repeat, the shard index) and the
+            // verdicts (positions, times) are not counts.
+            _ if matches!(key, "verdict" | "repeat" | "shard" | "report_version") => {}
+            Value::Number(n) if n.is_u64() => *v = Value::from(u64::MAX),
+            Value::Array(a) => a.iter_mut().for_each(|x| saturate(x, key)),
+            Value::Object(o) => o.iter_mut().for_each(|(k, x)| saturate(x, k)),
+            _ => {}
+        }
+    }
+    let shards: Vec<Report> = shard_reports()
+        .into_iter()
+        .map(|r| {
+            let mut v = serde_json::to_value(&r).unwrap();
+            saturate(&mut v, "");
+            let text = serde_json::to_vec(&v).unwrap();
+            parse(Path::new("max.json"), &text).expect("a saturated report parses")
+        })
+        .collect();
+    assert_eq!(shards[0].counts.cases_generated, u64::MAX);
+    let m = merge(&shards);
+    assert_eq!(m.counts.cases_generated, u64::MAX);
+    assert_eq!(m.per_kernel["cpu:chunked"].cases, u64::MAX);
+    assert!(m.findings.iter().all(|f| f.occurrences == u64::MAX));
+    for r in [&shards[0], &m] {
+        assert!(headline(r).contains("18,446,744,073,709,551,615"));
+        let _ = (
+            junit::junit_xml(r),
+            markdown::summary_md(r),
+            html::index_html(r),
+        );
+    }
+    let text = serde_json::to_vec(&m).unwrap();
+    parse(Path::new("merged.json"), &text).expect("the merged report parses back");
+}

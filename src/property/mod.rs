@@ -559,19 +559,20 @@ impl PropertyStats {
         }
     }
 
-    /// Folds `b` into `self` (shards). Field-by-field sums, like `KernelStats`'s `+=`:
+    /// Folds `b` into `self` (shards; counts read from files: sums saturate). Field-by-field sums, like `KernelStats`'s `+=`:
     /// deliberate boilerplate (each struct merges its own fields).
     pub fn merge(&mut self, b: &PropertyStats) {
         self.repeat = self.repeat.max(b.repeat);
         for p in Property::ALL {
             let (x, y) = (self.tally_mut(p), b.tally(p));
-            x.checked += y.checked;
-            x.held += y.held;
-            x.broken += y.broken;
-            x.skipped += y.skipped;
-            x.runs += y.runs;
+            x.checked = x.checked.saturating_add(y.checked);
+            x.held = x.held.saturating_add(y.held);
+            x.broken = x.broken.saturating_add(y.broken);
+            x.skipped = x.skipped.saturating_add(y.skipped);
+            x.runs = x.runs.saturating_add(y.runs);
             for (k, n) in &y.skip_reasons {
-                *x.skip_reasons.entry(k.clone()).or_default() += n;
+                let c = x.skip_reasons.entry(k.clone()).or_default();
+                *c = c.saturating_add(*n);
             }
             if x.first_break.is_none() {
                 x.first_break = y.first_break.clone();
@@ -583,7 +584,7 @@ impl PropertyStats {
     pub fn any(&self) -> bool {
         Property::ALL.iter().any(|&p| {
             let t = self.tally(p);
-            t.checked + t.skipped > 0
+            t.checked.saturating_add(t.skipped) > 0
         })
     }
 }
@@ -598,7 +599,7 @@ pub fn verdict_line(
     required: bool,
 ) -> Option<String> {
     let t = stats.tally(p);
-    if t.checked + t.skipped == 0 {
+    if t.checked.saturating_add(t.skipped) == 0 {
         return None;
     }
     let how = match p {

@@ -2,7 +2,7 @@
 //! what changed between them (`diff`), both keyed on finding signatures.
 
 use super::model::*;
-use super::stats::add_map;
+use super::stats::{add, add_map};
 use crate::finding::feature::{trigger_within, Feature};
 use crate::shard::Shard;
 use std::collections::{BTreeSet, HashMap};
@@ -48,7 +48,7 @@ fn fold_special_cases(findings: &mut Vec<Finding>) {
             Some(j) => {
                 let f = findings.remove(i);
                 let j = if j > i { j - 1 } else { j };
-                findings[j].occurrences += f.occurrences;
+                add(&mut findings[j].occurrences, f.occurrences);
                 i = 0;
             }
             None => i += 1,
@@ -109,7 +109,7 @@ pub fn merge(reports: &[Report]) -> Report {
     m.max_cases = reports
         .iter()
         .filter_map(|r| r.max_cases)
-        .reduce(|a, b| a + b);
+        .reduce(u64::saturating_add);
     m.required = reports
         .iter()
         .flat_map(|r| r.required.iter().cloned())
@@ -131,9 +131,9 @@ pub fn merge(reports: &[Report]) -> Report {
                 m.kernels.push(k.clone());
             }
         }
-        m.counts.cases_replayed += r.counts.cases_replayed;
-        m.counts.cases_generated += r.counts.cases_generated;
-        m.counts.cases_skipped += r.counts.cases_skipped;
+        add(&mut m.counts.cases_replayed, r.counts.cases_replayed);
+        add(&mut m.counts.cases_generated, r.counts.cases_generated);
+        add(&mut m.counts.cases_skipped, r.counts.cases_skipped);
         add_map(&mut m.counts.skip_reasons, &r.counts.skip_reasons);
         for (name, k) in &r.per_kernel {
             *m.per_kernel.entry(name.clone()).or_default() += k;
@@ -161,7 +161,7 @@ pub fn merge(reports: &[Report]) -> Report {
         match index.get(&f.signature) {
             Some(&i) => {
                 let kept = &mut m.findings[i];
-                let occurrences = kept.occurrences + f.occurrences;
+                let occurrences = kept.occurrences.saturating_add(f.occurrences);
                 if better(f, kept) {
                     *kept = f.clone();
                 }

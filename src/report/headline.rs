@@ -111,7 +111,7 @@ pub fn kernel_headline(name: &str, k: &KernelStats) -> String {
             g.cases,
             percent(3.0 / g.cases as f64)
         ));
-    } else if g.nan + g.pos_inf + g.neg_inf == 0 {
+    } else if g.nan.saturating_add(g.pos_inf).saturating_add(g.neg_inf) == 0 {
         // Cases counted as not redundant without a single NaN/inf element: they had no
         // output to judge (a crash counted by the campaign). Say so instead of "NEEDED".
         s.push_str(&format!(
@@ -126,7 +126,7 @@ pub fn kernel_headline(name: &str, k: &KernelStats) -> String {
             "guard NEEDED on {}/{} {label}: it changes {} in {} (nan {}, +inf {}, -inf {}) of {} checked",
             group(bad),
             group(g.cases),
-            plural(g.nan + g.pos_inf + g.neg_inf, "element", "elements"),
+            plural(g.nan.saturating_add(g.pos_inf).saturating_add(g.neg_inf), "element", "elements"),
             plural(g.rows_affected, "row", "rows"),
             group(g.nan),
             group(g.pos_inf),
@@ -268,8 +268,11 @@ pub fn property_lines(report: &Report) -> Vec<String> {
 pub fn throughput(r: &Report) -> Vec<String> {
     let t = &r.timings;
     let wall = t.wall_secs.max(1e-9);
-    let cases = r.counts.cases_generated + r.counts.cases_replayed;
-    let logits: u64 = r.per_kernel.values().map(|k| k.logits_checked).sum();
+    let cases = r
+        .counts
+        .cases_generated
+        .saturating_add(r.counts.cases_replayed);
+    let logits = (r.per_kernel.values()).fold(0u64, |a, k| a.saturating_add(k.logits_checked));
     let mut kernels = Vec::new();
     for (name, k) in &r.per_kernel {
         // The run's wall splits into the harness's output buffer (allocated and poisoned
@@ -436,7 +439,7 @@ pub fn shrink_words(r: &Report) -> String {
             s.cap_secs
         ));
     }
-    let cut = s.cut_short_share + s.cut_short_budget_end;
+    let cut = s.cut_short_share.saturating_add(s.cut_short_budget_end);
     if cut > 0 {
         notes.push(format!(
             "{} cut short: share spent {}, budget end {}",
@@ -542,7 +545,7 @@ pub fn guard_by_tier(r: &Report) -> String {
                 .iter()
                 .filter(|f| {
                     let g = &f.verdict.guard;
-                    g.nan + g.pos_inf + g.neg_inf > 0
+                    g.nan.saturating_add(g.pos_inf).saturating_add(g.neg_inf) > 0
                 })
                 .count() as u64;
             if guarded > 0 {

@@ -155,7 +155,11 @@ fn finding_html(s: &mut String, i: usize, f: &Finding) {
             } else {
                 format!(
                     "would change {} element(s) in {} row(s): nan {}, +inf {}, -inf {}",
-                    f.verdict.guard.nan + f.verdict.guard.pos_inf + f.verdict.guard.neg_inf,
+                    f.verdict
+                        .guard
+                        .nan
+                        .saturating_add(f.verdict.guard.pos_inf)
+                        .saturating_add(f.verdict.guard.neg_inf),
                     f.verdict.guard.rows_affected,
                     f.verdict.guard.nan,
                     f.verdict.guard.pos_inf,

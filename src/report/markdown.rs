@@ -205,7 +205,7 @@ fn properties_md(s: &mut String, r: &Report) {
     for (name, k) in &r.per_kernel {
         for p in Property::ALL {
             let t = k.properties.tally(p);
-            if t.checked + t.skipped == 0 {
+            if t.checked.saturating_add(t.skipped) == 0 {
                 continue;
             }
             let _ = writeln!(

@@ -6,6 +6,7 @@
 //! infinite) goes through [`json_f64`]: plain serde_json would write `null`, which it
 //! then refuses to read back as a number, so a report with a NaN finding would not load.
 
+use super::stats::add;
 use crate::oracle::{Class, Verdict};
 use crate::shard::Shard;
 use serde::{Deserialize, Serialize};
@@ -189,9 +190,9 @@ impl CompileTimes {
     pub fn merge(&mut self, b: &CompileTimes) {
         self.keys.extend(b.keys.iter().cloned());
         self.distinct_keys = self.keys.len() as u64;
-        self.first_calls += b.first_calls;
+        add(&mut self.first_calls, b.first_calls);
         self.first_call_secs += b.first_call_secs;
-        self.steady_calls += b.steady_calls;
+        add(&mut self.steady_calls, b.steady_calls);
         self.steady_secs += b.steady_secs;
     }
 }
@@ -272,7 +273,7 @@ impl Population {
 
     /// Folds `b` into `self`.
     pub fn merge(&mut self, b: &Population) {
-        self.cases += b.cases;
+        add(&mut self.cases, b.cases);
         Span::merge(&mut self.pool_blocks, b.pool_blocks);
         Span::merge(&mut self.kv_stride, b.kv_stride);
         Span::merge(&mut self.kv_offset, b.kv_offset);
@@ -320,9 +321,9 @@ impl LaunchTimes {
     }
 
     pub fn merge(&mut self, other: &LaunchTimes) {
-        self.launches += other.launches;
+        add(&mut self.launches, other.launches);
         for (b, n) in &other.log2_us_x16 {
-            *self.log2_us_x16.entry(*b).or_default() += n;
+            add(self.log2_us_x16.entry(*b).or_default(), *n);
         }
     }
 
@@ -331,7 +332,7 @@ impl LaunchTimes {
         let half = self.launches.div_ceil(2).max(1);
         let mut seen = 0;
         for (b, n) in &self.log2_us_x16 {
-            seen += n;
+            seen = n.saturating_add(seen);
             if seen >= half {
                 return 2f64.powf((*b as f64 + 0.5) / 16.0);
             }
@@ -464,9 +465,9 @@ impl Shrinking {
         self.cap_secs += b.cap_secs;
         self.per_finding_secs = self.per_finding_secs.max(b.per_finding_secs);
         self.floor_secs += b.floor_secs;
-        self.cut_short_share += b.cut_short_share;
-        self.cut_short_budget_end += b.cut_short_budget_end;
-        self.known_from_corpus += b.known_from_corpus;
+        add(&mut self.cut_short_share, b.cut_short_share);
+        add(&mut self.cut_short_budget_end, b.cut_short_budget_end);
+        add(&mut self.known_from_corpus, b.known_from_corpus);
     }
 }
 

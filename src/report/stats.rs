@@ -77,29 +77,35 @@ fn max_ratio(a: f64, b: f64) -> f64 {
     }
 }
 
+/// `a += b` for counts that may come from files (reports another machine wrote): a sum
+/// that would overflow stays at `u64::MAX` instead of panicking or wrapping.
+pub(crate) fn add(a: &mut u64, b: u64) {
+    *a = a.saturating_add(b);
+}
+
 pub(crate) fn add_map<K: Ord + Clone>(into: &mut BTreeMap<K, u64>, from: &BTreeMap<K, u64>) {
     for (k, v) in from {
-        *into.entry(k.clone()).or_default() += v;
+        add(into.entry(k.clone()).or_default(), *v);
     }
 }
 
 impl AddAssign<&KernelStats> for KernelStats {
     // Field-by-field sums, like `PropertyStats::merge`: deliberate boilerplate.
     fn add_assign(&mut self, k: &KernelStats) {
-        self.cases += k.cases;
-        self.clean += k.clean;
-        self.with_findings += k.with_findings;
-        self.skipped += k.skipped;
+        add(&mut self.cases, k.cases);
+        add(&mut self.clean, k.clean);
+        add(&mut self.with_findings, k.with_findings);
+        add(&mut self.skipped, k.skipped);
         add_map(&mut self.class_totals, &k.class_totals);
-        self.rows_checked += k.rows_checked;
-        self.logits_checked += k.logits_checked;
+        add(&mut self.rows_checked, k.rows_checked);
+        add(&mut self.logits_checked, k.logits_checked);
         let (g, h) = (&mut self.guard, &k.guard);
-        g.cases += h.cases;
-        g.redundant_cases += h.redundant_cases;
-        g.rows_affected += h.rows_affected;
-        g.nan += h.nan;
-        g.pos_inf += h.pos_inf;
-        g.neg_inf += h.neg_inf;
+        add(&mut g.cases, h.cases);
+        add(&mut g.redundant_cases, h.redundant_cases);
+        add(&mut g.rows_affected, h.rows_affected);
+        add(&mut g.nan, h.nan);
+        add(&mut g.pos_inf, h.pos_inf);
+        add(&mut g.neg_inf, h.neg_inf);
         self.kernel_secs += k.kernel_secs;
         self.run_wall_secs += k.run_wall_secs;
         self.output_setup_secs += k.output_setup_secs;
@@ -117,10 +123,10 @@ impl AddAssign<&KernelStats> for KernelStats {
         }
         self.max_err_over_bound = max_ratio(self.max_err_over_bound, k.max_err_over_bound);
         let (j, l) = (&mut self.judge, &k.judge);
-        j.device_cases += l.device_cases;
-        j.device_then_cpu += l.device_then_cpu;
-        j.rechecked_elements += l.rechecked_elements;
-        j.cpu_cases += l.cpu_cases;
+        add(&mut j.device_cases, l.device_cases);
+        add(&mut j.device_then_cpu, l.device_then_cpu);
+        add(&mut j.rechecked_elements, l.rechecked_elements);
+        add(&mut j.cpu_cases, l.cpu_cases);
         add_map(&mut j.cpu_reasons, &l.cpu_reasons);
     }
 }
