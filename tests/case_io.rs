@@ -228,7 +228,7 @@ for k in sorted(t):
         .block_table
         .entries
         .iter()
-        .flat_map(|e| e.to_le_bytes())
+        .flat_map(|&e| i64::from(e).to_le_bytes())
         .collect();
     let table_line = if c.block_table.entries.len() > mqa_fuzz::case::TABLE_INLINE_MAX {
         format!(
@@ -313,7 +313,7 @@ fn validation_errors_name_field_value_and_limit() {
         &["40", "3 blocks", "max_blocks is 2"],
     );
     rejects(
-        |c| c.block_table.entries[0] = c.num_blocks as i64,
+        |c| c.block_table.entries[0] = c.num_blocks as i32,
         "block_table.entries[0][0]",
         &["outside 0..num_blocks"],
     );
@@ -321,11 +321,6 @@ fn validation_errors_name_field_value_and_limit() {
         |c| c.block_table.entries[1] = -1,
         "block_table.entries[0][1]",
         &["-1", "num_blocks"],
-    );
-    rejects(
-        |c| c.block_table.entries[0] = 1 << 40,
-        "block_table.entries[0][0]",
-        &["1099511627776", "int32"],
     );
     rejects(
         |c| {

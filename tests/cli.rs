@@ -189,6 +189,11 @@ fn bad_files_exit_2_with_one_line() {
         "case.block_table.entries[0][0]",
     );
     bad_input(
+        "block-id-past-int32",
+        &edited(|v| v["case"]["block_table"]["entries"][0] = json!(1u64 << 40)),
+        "case.block_table.entries[0][0]",
+    );
+    bad_input(
         "format-version",
         &edited(|v| v["format_version"] = json!(99)),
         "format_version",

@@ -236,7 +236,7 @@ fn hand_case(
             .or_insert_with(|| vec![0u8; shape.block_bytes()]);
         Case::write_token(&shape, b, t % bs, codes, *scale);
     }
-    let mut entries: Vec<i64> = (0..nblk).map(|j| 3 * j as i64 + 1).collect();
+    let mut entries: Vec<i32> = (0..nblk).map(|j| 3 * j as i32 + 1).collect();
     entries.extend([-1, -1]);
     let case = Case {
         shape,

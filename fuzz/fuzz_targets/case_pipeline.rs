@@ -107,8 +107,8 @@ fn build(r: &RawCase) -> Case {
     .clamp(0, 1 << 20) as usize;
     let max_blocks = longest.div_ceil(block_size) + r.extra_blocks as usize % 3;
     let row_stride = max_blocks + r.table_stride_pad as usize % 3;
-    let entries: Vec<i64> = (0..batch * row_stride)
-        .map(|i| cycle(&r.table, i, i as i16) as i64)
+    let entries: Vec<i32> = (0..batch * row_stride)
+        .map(|i| cycle(&r.table, i, i as i16) as i32)
         .collect();
     let referenced = entries
         .iter()

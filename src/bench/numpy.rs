@@ -60,7 +60,11 @@ pub fn write_case(case: &Case, placement: ScalePlacement, path: &Path) -> std::i
         .into_iter()
         .map(|id| (id as i64).to_le_bytes()));
     let blocks: Vec<u8> = case.kv.iter().flat_map(|(_, b)| b).copied().collect();
-    let table_entries = le(&mut case.block_table.entries.iter().map(|x| x.to_le_bytes()));
+    let table_entries = le(&mut case
+        .block_table
+        .entries
+        .iter()
+        .map(|&x| i64::from(x).to_le_bytes()));
     let (lens, lens_shape) = match &case.context_lens {
         ContextLens::PerSequence(v) => (le(&mut v.iter().map(|x| x.to_le_bytes())), vec![s.batch]),
         ContextLens::PerToken(v) => (

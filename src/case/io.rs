@@ -97,6 +97,27 @@ fn ferr(path: &Path, field: impl Into<String>, message: impl Into<String>) -> Ca
     }
 }
 
+/// A file's int64 table entries as the int32 every kernel reads; an entry that does not
+/// fit is refused naming it.
+fn table_entries(
+    path: &Path,
+    wide: impl Iterator<Item = i64>,
+    row_stride: usize,
+) -> Result<Vec<i32>, CaseFileError> {
+    wide.enumerate()
+        .map(|(k, e)| {
+            i32::try_from(e).map_err(|_| {
+                let w = row_stride.max(1);
+                ferr(
+                    path,
+                    format!("case.block_table.entries[{}][{}]", k / w, k % w),
+                    format!("{e} does not fit in int32"),
+                )
+            })
+        })
+        .collect()
+}
+
 // ---- JSON shape -------------------------------------------------------------------
 
 #[derive(Serialize, Deserialize)]
@@ -305,7 +326,11 @@ fn case_from_json(
         block_table: BlockTable {
             max_blocks: c.block_table.max_blocks,
             row_stride: c.block_table.row_stride,
-            entries: c.block_table.entries.unwrap_or_default(),
+            entries: table_entries(
+                path,
+                c.block_table.entries.unwrap_or_default().into_iter(),
+                c.block_table.row_stride,
+            )?,
         },
         max_model_len: c.max_model_len,
         out_row_stride: c.out_row_stride,
@@ -452,10 +477,10 @@ fn load_tensors(
                 ),
             ));
         }
-        t.entries = e
+        let wide = e
             .chunks_exact(8)
-            .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
-            .collect();
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()));
+        t.entries = table_entries(path, wide, t.row_stride)?;
     }
     let (id_shape, ids) = get("kv_block_ids", Dtype::I64)?;
     let (blk_shape, blks) = get("kv_blocks", Dtype::U8)?;
@@ -537,7 +562,8 @@ pub fn save_case_file(path: &Path, file: &CaseFile) -> std::io::Result<()> {
             block_table: BlockTableJson {
                 max_blocks: c.block_table.max_blocks,
                 row_stride: c.block_table.row_stride,
-                entries: table_inline.then(|| c.block_table.entries.clone()),
+                entries: table_inline
+                    .then(|| c.block_table.entries.iter().map(|&e| e.into()).collect()),
             },
             tensors,
         },
@@ -563,7 +589,7 @@ pub fn tensors_to_safetensors(c: &Case, with_table: bool) -> std::io::Result<Vec
         c.block_table
             .entries
             .iter()
-            .flat_map(|e| e.to_le_bytes())
+            .flat_map(|&e| i64::from(e).to_le_bytes())
             .collect()
     } else {
         Vec::new()

@@ -94,14 +94,15 @@ impl ContextLens {
 pub struct BlockTable {
     pub max_blocks: usize,
     pub row_stride: usize,
-    /// `B * row_stride` entries, row-major.
-    pub entries: Vec<i64>,
+    /// `B * row_stride` entries, row-major, int32 as every kernel reads them (files
+    /// keep int64; a loader refuses an entry that does not fit).
+    pub entries: Vec<i32>,
 }
 
 impl BlockTable {
     #[inline]
     pub fn get(&self, b: usize, j: usize) -> i64 {
-        self.entries[b * self.row_stride + j]
+        self.entries[b * self.row_stride + j] as i64
     }
 }
 

@@ -236,18 +236,6 @@ fn validate_table_and_cache(c: &Case) -> Result<(), CaseError> {
             ),
         ));
     }
-    for (k, &e) in t.entries.iter().enumerate() {
-        if e < i32::MIN as i64 || e > i32::MAX as i64 {
-            return Err(err(
-                format!(
-                    "block_table.entries[{}][{}]",
-                    k / t.row_stride.max(1),
-                    k % t.row_stride.max(1)
-                ),
-                format!("{e} does not fit in int32"),
-            ));
-        }
-    }
     for b in 0..s.batch {
         let used = c.blocks_used(b);
         if used > t.max_blocks {

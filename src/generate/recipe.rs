@@ -254,15 +254,15 @@ impl Recipe {
         let (base, n_logical, num_blocks) = (blocks.base, blocks.n_logical, blocks.num_blocks);
         let phys = |l: usize| blocks.phys[l];
 
-        let pad_value = |rng: &mut TestRng| -> i64 {
+        let pad_value = |rng: &mut TestRng| -> i32 {
             match k.padding {
                 Padding::Zero => 0,
                 Padding::MinusOne => -1,
-                Padding::Huge => i32::MAX as i64,
+                Padding::Huge => i32::MAX,
                 Padding::Garbage => (base + n_logical as u64 + (rng.next_u32() % 2) as u64)
-                    .min(i32::MAX as u64) as i64,
+                    .min(i32::MAX as u64) as i32,
                 Padding::Stale => {
-                    (rng.random_range(1..num_blocks.max(2))).min(i32::MAX as u64) as i64
+                    (rng.random_range(1..num_blocks.max(2))).min(i32::MAX as u64) as i32
                 }
             }
         };
@@ -270,7 +270,8 @@ impl Recipe {
         for row in &blocks.logical {
             for j in 0..row_stride {
                 entries.push(if j < row.len() {
-                    phys(row[j]) as i64
+                    // Ids are below num_blocks, which validation holds to 2^31.
+                    phys(row[j]).min(i32::MAX as u64) as i32
                 } else {
                     pad_value(&mut rng)
                 });
@@ -315,7 +316,7 @@ impl Recipe {
                     v.splice(0..0, std::iter::repeat_n(vec![0; k.next_n], pad_seqs));
                 }
             }
-            let pad: Vec<i64> = (0..pad_seqs * row_stride)
+            let pad: Vec<i32> = (0..pad_seqs * row_stride)
                 .map(|_| pad_value(&mut rng))
                 .collect();
             entries.splice(0..0, pad);

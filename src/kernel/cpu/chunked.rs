@@ -165,11 +165,11 @@ impl ChunkedKernel {
         let j = t / bs;
         let p = t % bs;
         let idx = b * case.block_table.row_stride + j;
-        let id = *case.block_table.entries.get(idx).ok_or_else(|| {
+        let id = i64::from(*case.block_table.entries.get(idx).ok_or_else(|| {
             RunError::Crash(format!(
                 "illegal address: block_table[{b}][{j}] is past the table"
             ))
-        })?;
+        })?);
         let stride = case.kv_block_stride;
         let base: i64 = if self.has(Plant::Offset32Kv) {
             (id as u32).wrapping_mul(stride as u32) as i64

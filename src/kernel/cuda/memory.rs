@@ -181,14 +181,9 @@ fn pad256(n: u64) -> u64 {
     n.div_ceil(256) * 256
 }
 
-/// Host-side i32 copies of the table and lengths (what the libraries take), or why not.
-fn i32_inputs(case: &Case) -> Result<(Vec<i32>, Vec<i32>), String> {
-    let table: Vec<i32> = case
-        .block_table
-        .entries
-        .iter()
-        .map(|&e| i32::try_from(e).map_err(|_| format!("block table entry {e} does not fit int32")))
-        .collect::<Result<_, _>>()?;
+/// Host-side i32 copies of the lengths (what the libraries take), or why not (the
+/// table is int32 already).
+fn i32_lens(case: &Case) -> Result<Vec<i32>, String> {
     let lens: Vec<i64> = match &case.context_lens {
         ContextLens::PerSequence(v) => v.clone(),
         ContextLens::PerToken(v) => v.iter().flatten().copied().collect(),
@@ -197,7 +192,7 @@ fn i32_inputs(case: &Case) -> Result<(Vec<i32>, Vec<i32>), String> {
         .into_iter()
         .map(|l| i32::try_from(l).map_err(|_| format!("context length {l} does not fit int32")))
         .collect::<Result<_, _>>()?;
-    Ok((table, lens))
+    Ok(lens)
 }
 
 /// The decode tables of both formats (fn then fnuz), as the CPU decodes.
@@ -248,7 +243,7 @@ impl DeviceCase {
         raw_out: Option<&[f32]>,
     ) -> Result<DeviceCase, GpuFailure> {
         let s = &case.shape;
-        let (table, lens) = i32_inputs(case).map_err(GpuFailure::OutOfMemory)?;
+        let lens = i32_lens(case).map_err(GpuFailure::OutOfMemory)?;
         let out_elems = OutputBuffer::raw_len(case.rows(), case.out_row_stride) as u64;
         let kv_bytes = case.kv_cache_bytes();
         let lease = Lease::take(gpu, out_elems * 4, pad256(kv_bytes))?;
@@ -301,7 +296,7 @@ impl DeviceCase {
         }
         let q = small(&case.q)?;
         let weights = small(&case.weights)?;
-        let table_mem = small(&table)?;
+        let table_mem = small(&case.block_table.entries)?;
         let mut lens_padded = lens;
         lens_padded.resize(lens_padded.len() + 64, 0);
         let lens_mem = small(&lens_padded)?;

@@ -308,11 +308,11 @@ impl RunRequest {
     }
 }
 
-/// The integer tensors of a case in their wire types (the case keeps i64/u64).
+/// The integer tensors of a case in their wire types where the case keeps i64/u64 (the
+/// block table is int32 in both).
 pub struct WireInts {
     lens: Vec<i32>,
     lens_shape: Vec<usize>,
-    table: Vec<i32>,
     ids: Vec<i64>,
     /// The keys travel as their recipe: `ids` in draw order, no `kv_blocks` tensor.
     drawn: Option<DrawnValues>,
@@ -338,8 +338,6 @@ impl WireInts {
         WireInts {
             lens,
             lens_shape,
-            // Validation guarantees table entries fit in int32.
-            table: case.block_table.entries.iter().map(|&x| x as i32).collect(),
             ids: match case.kv.drawn_values().filter(|_| worker_draws) {
                 Some((_, ids)) => ids.iter().map(|&id| id as i64).collect(),
                 None => case.kv.ids().into_iter().map(|id| id as i64).collect(),
@@ -378,7 +376,8 @@ pub fn wire_inputs<'a>(
     ints: &'a WireInts,
 ) -> Vec<(&'static str, Vec<usize>, Data<'a>)> {
     let s = &case.shape;
-    let (lens, lens_shape, table, ids) = (&ints.lens, &ints.lens_shape, &ints.table, &ints.ids);
+    let (lens, lens_shape, ids) = (&ints.lens, &ints.lens_shape, &ints.ids);
+    let table = &case.block_table.entries;
     let mut v = vec![
         (
             "q",
@@ -620,7 +619,7 @@ pub fn read_inputs(req: &RunRequest, r: &mut dyn TensorSource, what: &str) -> Re
         block_table: BlockTable {
             max_blocks: req.max_blocks,
             row_stride: req.block_table_stride,
-            entries: table.into_iter().map(i64::from).collect(),
+            entries: table,
         },
         max_model_len: req.max_model_len,
         out_row_stride: req.out_row_stride,

@@ -75,10 +75,19 @@ impl Data<'_> {
 
     /// Copies the little-endian bytes into `dst` (exactly `byte_len` long).
     pub fn copy_to(&self, dst: &mut [u8]) {
-        fn le<T: Copy, const N: usize>(dst: &mut [u8], v: &[T], f: impl Fn(T) -> [u8; N]) {
-            for (d, &x) in dst.chunks_exact_mut(N).zip(v) {
-                d.copy_from_slice(&f(x));
-            }
+        fn par_le<T: Copy + Sync, const N: usize>(
+            dst: &mut [u8],
+            v: &[T],
+            f: impl Fn(T) -> [u8; N] + Sync,
+        ) {
+            use rayon::prelude::*;
+            dst.par_chunks_mut(N << 20)
+                .zip(v.par_chunks(1 << 20))
+                .for_each(|(d, s)| {
+                    for (d, &x) in d.chunks_exact_mut(N).zip(s) {
+                        d.copy_from_slice(&f(x));
+                    }
+                });
         }
         match self {
             Data::Bytes(b) => dst.copy_from_slice(b),
@@ -89,15 +98,11 @@ impl Data<'_> {
                     at += b.len();
                 }
             }
-            Data::I32(v) => le(dst, v, i32::to_le_bytes),
-            Data::I64(v) => le(dst, v, i64::to_le_bytes),
-            Data::F32(v) => {
-                // The output buffer can pass 2 GiB: copied on every core.
-                use rayon::prelude::*;
-                dst.par_chunks_mut(1 << 22)
-                    .zip(v.par_chunks(1 << 20))
-                    .for_each(|(d, s)| le(d, s, f32::to_le_bytes));
-            }
+            // The output buffer can pass 2 GiB and an engine's block table 100 MB:
+            // copied on every core, 1 Mi elements a task.
+            Data::I32(v) => par_le(dst, v, i32::to_le_bytes),
+            Data::I64(v) => par_le(dst, v, i64::to_le_bytes),
+            Data::F32(v) => par_le(dst, v, f32::to_le_bytes),
         }
     }
 }
