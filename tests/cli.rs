@@ -317,3 +317,31 @@ fn kernels_lists_cpu_kernels_and_planted_bugs() {
         .count();
     assert_eq!(bugs, mqa_fuzz::kernel::Plant::every().count());
 }
+
+/// `bench host` times full-scale production cases through a shared region and checks
+/// each reads back as written; seed 11's case 1 has a 25 M-entry table at block size 1.
+#[test]
+fn bench_host_round_trips_full_scale_cases() {
+    let out = run(
+        &["bench", "host", "--cases", "2", "--seed", "11", "--json"],
+        &[],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["cases"], 2);
+    assert!(v["table_entries"].as_u64().unwrap() > 1 << 24, "{v}");
+    assert_eq!(v["slowest_block_size"], 1);
+    for step in [
+        "materialize_s",
+        "validate_s",
+        "harness_write_s",
+        "worker_read_s",
+    ] {
+        assert!(v["summed"][step].as_f64().unwrap() > 0.0, "{step}: {v}");
+    }
+}

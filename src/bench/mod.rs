@@ -7,6 +7,7 @@
 pub mod device_judge;
 pub mod generator;
 pub mod gpu;
+pub mod host;
 pub mod judge;
 pub mod numpy;
 pub mod peak;

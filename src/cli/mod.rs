@@ -165,6 +165,21 @@ pub enum Bench {
     /// logits/s (`bench oracle`: the old name, kept for scripts).
     #[command(alias = "oracle")]
     Gpu,
+    /// Time the host side of full-scale production cases, the CPU work around each
+    /// launch of a cuda: campaign: materialising the case, validating it, the harness
+    /// writing the request into a shared region and the worker reading it back (checked
+    /// equal). Prints each step summed, per case and on the slowest case.
+    Host {
+        /// Production cases to time.
+        #[arg(long, default_value_t = 40)]
+        cases: u64,
+        /// Campaign seed the cases are drawn from (as `run --seed`).
+        #[arg(long, default_value_t = 11)]
+        seed: u64,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Time the CPU judge (the reference excluded) on the three production-like cases,
     /// with a reduced-precision and an accurate kernel's errors: the old judge (a plain
     /// per-element recomputation of each noticeable error's full bound) against the
@@ -214,6 +229,9 @@ pub fn dispatch(cli: Cli) -> Result<i32, Fatal> {
             json,
         } => replay::cmd_replay(&files, &kernels, topk, json),
         Command::Bench(Bench::Gpu) => crate::bench::gpu::bench_gpu(),
+        Command::Bench(Bench::Host { cases, seed, json }) => {
+            crate::bench::host::run_host_bench(cases, seed, json)
+        }
         Command::Bench(Bench::Judge { min_seconds, json }) => {
             crate::bench::judge::run_judge_bench(min_seconds, json)
         }
