@@ -35,7 +35,8 @@
 #                                        seeds: DeepGEMM over PROFILES (all production; none: skip
 #                                        DeepGEMM), and cuda:tiled (an isolated worker) over TILED_PROFILES
 #                                        (all); cases/s, restarts, compile time, tokens per case; then
-#                                        `bench judge` (the CPU judge, old and new, on this host)
+#                                        `bench judge` (the CPU judge, old and new, on this host) and
+#                                        `bench host` (the request path of production cases)
 # all         ~60 min                    every check above
 #
 # Needs: an NVIDIA driver and NVRTC from CUDA 13 (docs/cuda.md); for production, deepgemm and
@@ -333,6 +334,7 @@ check_speed() {
         done
     fi
     "$B" bench judge 2>&1 | tee "$W/logs/bench-judge.log"
+    "$B" bench host 2>&1 | tee "$W/logs/bench-host.log"
     python3 - "$W"/r/speed-* <<'PY'
 import json, os, statistics, sys
 for d in sys.argv[1:]:
