@@ -634,7 +634,7 @@ fn merge_folds_a_stronger_offset_band_into_the_weaker() {
 }
 
 /// Counts in a report come from a file another machine wrote: shards whose every count
-/// is `u64::MAX` merge and render without an overflow (tests build with overflow checks:
+/// is `u64::MAX` (or that contradict each other) merge and render without an overflow (tests build with overflow checks:
 /// an unchecked `+` panics here), and the sums stay at `u64::MAX`.
 #[test]
 fn counts_at_u64_max_merge_and_render_saturated() {
@@ -674,4 +674,15 @@ fn counts_at_u64_max_merge_and_render_saturated() {
     }
     let text = serde_json::to_vec(&m).unwrap();
     parse(Path::new("merged.json"), &text).expect("the merged report parses back");
+    // Counts that contradict each other (a hand-edited file): more redundant cases
+    // than cases.
+    let mut odd = shard_reports().remove(0);
+    for k in odd.per_kernel.values_mut() {
+        k.guard.redundant_cases = k.guard.cases + 1;
+    }
+    let _ = (
+        headline(&odd),
+        markdown::summary_md(&odd),
+        html::index_html(&odd),
+    );
 }

@@ -118,10 +118,10 @@ pub fn kernel_headline(name: &str, k: &KernelStats) -> String {
             "guard redundant on {}/{} cases; the other {} had no output to judge (crash)",
             group(g.redundant_cases),
             group(g.cases),
-            plural(g.cases - g.redundant_cases, "case", "cases")
+            plural(g.cases.saturating_sub(g.redundant_cases), "case", "cases")
         ));
     } else {
-        let bad = g.cases - g.redundant_cases;
+        let bad = g.cases.saturating_sub(g.redundant_cases);
         s.push_str(&format!(
             "guard NEEDED on {}/{} {label}: it changes {} in {} (nan {}, +inf {}, -inf {}) of {} checked",
             group(bad),
