@@ -24,6 +24,40 @@ pub struct DrawnValues {
 /// Ids up to which a drawn cache keeps a membership bitmap (8 MiB at most).
 const BITMAP_MAX_ID: u64 = 1 << 26;
 
+/// `(id, l)` for the ids in draw order, sorted by id, one per id (the last index `l` of
+/// an id that repeats). An engine's pool hands out ids below a few times their count:
+/// a slot per id up to the largest then beats sorting (millions of ids at block size 1).
+fn by_id_unique(ids: &[u64]) -> Vec<(u64, u32)> {
+    let max = ids.iter().copied().max().unwrap_or(0);
+    if max < BITMAP_MAX_ID && max <= 4 * ids.len() as u64 + (1 << 20) {
+        let mut slot = vec![u32::MAX; max as usize + 1];
+        for (l, &id) in ids.iter().enumerate() {
+            slot[id as usize] = l as u32;
+        }
+        return slot
+            .iter()
+            .enumerate()
+            .filter(|&(_, &l)| l != u32::MAX)
+            .map(|(id, &l)| (id as u64, l))
+            .collect();
+    }
+    let mut by_id: Vec<(u64, u32)> = ids
+        .iter()
+        .enumerate()
+        .map(|(l, &id)| (id, l as u32))
+        .collect();
+    // Sorted by id, then index: the last index of each id is kept.
+    by_id.par_sort_unstable();
+    let mut unique: Vec<(u64, u32)> = Vec::with_capacity(by_id.len());
+    for p in by_id {
+        match unique.last_mut() {
+            Some(last) if last.0 == p.0 => *last = p,
+            _ => unique.push(p),
+        }
+    }
+    unique
+}
+
 /// Draws block `index` of a drawn cache (implemented by the value generator).
 pub trait BlockDrawer: Send + Sync {
     fn draw(&self, index: usize) -> Vec<u8>;
@@ -111,20 +145,7 @@ impl SparseKvCache {
         ids: Vec<u64>,
         drawer: Box<dyn BlockDrawer>,
     ) -> SparseKvCache {
-        let mut by_id: Vec<(u64, u32)> = ids
-            .iter()
-            .enumerate()
-            .map(|(l, &id)| (id, l as u32))
-            .collect();
-        // Sorted by id, then index: the last index of each id is kept.
-        by_id.par_sort_unstable();
-        let mut unique: Vec<(u64, u32)> = Vec::with_capacity(by_id.len());
-        for p in by_id {
-            match unique.last_mut() {
-                Some(last) if last.0 == p.0 => *last = p,
-                _ => unique.push(p),
-            }
-        }
+        let unique = by_id_unique(&ids);
         let present = unique
             .last()
             .filter(|&&(max, _)| max < BITMAP_MAX_ID)
@@ -316,6 +337,29 @@ mod tests {
             seed: 1,
             kind: ValueKind::Pipeline,
         }
+    }
+
+    /// The slot index (ids dense enough) and the sort (sparse ids) give the same list:
+    /// sorted, one per id, the last draw index of a repeated id.
+    #[test]
+    fn ids_index_the_same_by_slot_and_by_sort() {
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for spread in [50u64, 5_000, 1 << 40] {
+            let ids: Vec<u64> = (0..2_000).map(|_| next() % spread).collect();
+            let mut want: std::collections::BTreeMap<u64, u32> = Default::default();
+            for (l, &id) in ids.iter().enumerate() {
+                want.insert(id, l as u32);
+            }
+            let want: Vec<(u64, u32)> = want.into_iter().collect();
+            assert_eq!(by_id_unique(&ids), want, "ids below {spread}");
+        }
+        assert!(by_id_unique(&[]).is_empty());
     }
 
     #[test]

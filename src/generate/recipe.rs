@@ -254,28 +254,26 @@ impl Recipe {
         let (base, n_logical, num_blocks) = (blocks.base, blocks.n_logical, blocks.num_blocks);
         let phys = |l: usize| blocks.phys[l];
 
-        let pad_value = |rng: &mut TestRng| -> i32 {
+        // Padding entry `i`: a hash of its index, not the case's stream, so that an
+        // engine-sized table (tens of millions of padding entries at block size 1) is
+        // cheap to draw and the values do not depend on the padding chosen.
+        let pad_value = |i: u64| -> i32 {
+            let h = || splitmix64(k.seed ^ PAD_SALT ^ splitmix64(i));
             match k.padding {
                 Padding::Zero => 0,
                 Padding::MinusOne => -1,
                 Padding::Huge => i32::MAX,
-                Padding::Garbage => (base + n_logical as u64 + (rng.next_u32() % 2) as u64)
-                    .min(i32::MAX as u64) as i32,
-                Padding::Stale => {
-                    (rng.random_range(1..num_blocks.max(2))).min(i32::MAX as u64) as i32
-                }
+                Padding::Garbage => (base + n_logical as u64 + h() % 2).min(i32::MAX as u64) as i32,
+                Padding::Stale => (1 + h() % (num_blocks.max(2) - 1)).min(i32::MAX as u64) as i32,
             }
         };
         let mut entries = Vec::with_capacity(batch * row_stride);
-        for row in &blocks.logical {
-            for j in 0..row_stride {
-                entries.push(if j < row.len() {
-                    // Ids are below num_blocks, which validation holds to 2^31.
-                    phys(row[j]).min(i32::MAX as u64) as i32
-                } else {
-                    pad_value(&mut rng)
-                });
-            }
+        for b in 0..batch {
+            let row = blocks.row(b);
+            // Ids are below num_blocks, which validation holds to 2^31.
+            entries.extend(row.iter().map(|&l| phys(l).min(i32::MAX as u64) as i32));
+            let at = entries.len() as u64;
+            entries.extend((row.len()..row_stride).map(|j| pad_value(at + (j - row.len()) as u64)));
         }
 
         let context_lens = match &self.lens {
@@ -316,8 +314,9 @@ impl Recipe {
                     v.splice(0..0, std::iter::repeat_n(vec![0; k.next_n], pad_seqs));
                 }
             }
+            // Indices past the table's own: another stream of the same hash.
             let pad: Vec<i32> = (0..pad_seqs * row_stride)
-                .map(|_| pad_value(&mut rng))
+                .map(|i| pad_value((1 << 48) + i as u64))
                 .collect();
             entries.splice(0..0, pad);
         }
@@ -408,7 +407,8 @@ impl Recipe {
         let phys: Vec<u64> = perm.iter().map(|&p| base + p as u64).collect();
         let num_blocks = base + n_logical as u64 + 1 + (rng.next_u32() % 3) as u64;
         BlockLayout {
-            logical,
+            rows: (0..batch).map(|b| (b, logical[b].len())).collect(),
+            requests: logical,
             n_logical,
             phys,
             num_blocks,
@@ -456,12 +456,12 @@ impl Recipe {
                 phys[l] = ids[g][k];
             }
         }
-        let logical: Vec<Vec<usize>> = (0..batch)
-            .map(|b| per_request[b / group][..used[b]].to_vec())
-            .collect();
-        let base = phys_min(&logical, &phys);
+        // A request's rows share its blocks: each row is a prefix of its request's list
+        // (not a copy: at block size 1 the lists are one id per token).
+        let base = phys_min(&per_request, &phys);
         BlockLayout {
-            logical,
+            rows: (0..batch).map(|b| (b / group, used[b])).collect(),
+            requests: per_request,
             n_logical: next,
             phys,
             num_blocks: pool.blocks,
@@ -478,7 +478,10 @@ const POOL_SALT: u64 = 0x706f_6f6c_2d61_6c6c;
 /// Where a recipe's blocks live: logical block ids per sequence, the physical id of
 /// each logical block, and the cache they live in.
 struct BlockLayout {
-    logical: Vec<Vec<usize>>,
+    /// Logical block ids of each request (a sequence, or the rows of one request).
+    requests: Vec<Vec<usize>>,
+    /// Per sequence: its request and how many of the request's blocks it uses.
+    rows: Vec<(usize, usize)>,
     n_logical: usize,
     phys: Vec<u64>,
     num_blocks: u64,
@@ -487,7 +490,26 @@ struct BlockLayout {
     base: u64,
 }
 
-/// The lowest physical id referenced (0 when none).
+impl BlockLayout {
+    /// Logical block ids of sequence `b`.
+    fn row(&self, b: usize) -> &[usize] {
+        let (g, n) = self.rows[b];
+        &self.requests[g][..n]
+    }
+}
+
+/// Salt of the padding entries' hash (apart from the case's stream and the pool's).
+const PAD_SALT: u64 = 0x7061_642d_656e_7472;
+
+/// SplitMix64's finaliser: a 64-bit hash whose outputs pass as independent uniforms.
+fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The lowest physical id of the requests' blocks (0 when none).
 fn phys_min(logical: &[Vec<usize>], phys: &[u64]) -> u64 {
     logical
         .iter()
