@@ -150,13 +150,8 @@ pub struct Outcome {
 
 /// The seed of case `k` of a campaign: every case is reproducible from it alone.
 pub fn case_seed(seed: u64, k: u64) -> u64 {
-    fn mix(mut z: u64) -> u64 {
-        z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    mix(seed ^ mix(k))
+    use crate::util::splitmix64;
+    splitmix64(seed ^ splitmix64(k))
 }
 
 /// The proptest value tree of a case seed (generation and shrinking start here).

@@ -258,6 +258,7 @@ impl Recipe {
         // engine-sized table (tens of millions of padding entries at block size 1) is
         // cheap to draw and the values do not depend on the padding chosen.
         let pad_value = |i: u64| -> i32 {
+            use crate::util::splitmix64;
             let h = || splitmix64(k.seed ^ PAD_SALT ^ splitmix64(i));
             match k.padding {
                 Padding::Zero => 0,
@@ -500,14 +501,6 @@ impl BlockLayout {
 
 /// Salt of the padding entries' hash (apart from the case's stream and the pool's).
 const PAD_SALT: u64 = 0x7061_642d_656e_7472;
-
-/// SplitMix64's finaliser: a 64-bit hash whose outputs pass as independent uniforms.
-fn splitmix64(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
 
 /// The lowest physical id of the requests' blocks (0 when none).
 fn phys_min(logical: &[Vec<usize>], phys: &[u64]) -> u64 {
