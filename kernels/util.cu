@@ -7,29 +7,30 @@ __device__ __forceinline__ u32 poison_word(u64 off, u64 values_end, u64 scales_e
     return (off >= values_end && off < scales_end) ? 0x7FC00000u : nan_word;
 }
 
-// Poisons every byte of the cache exactly as kernel::cpu::poison_byte: fp8 NaN codes
-// in values and stride padding, NaN (0x7FC00000) in the scale slots. One CTA row per
-// block slot; the stride is a multiple of 4, so whole words are written.
-extern "C" __global__ void poison_kv(u8* kv, u64 num_blocks, u64 stride, u64 values_end, u64 scales_end, u32 nan_word) {
-    u64 words = stride / 4;
-    bool wide = (stride & 15) == 0;  // every block 16-aligned: 16-byte stores
-    for (u64 blk = blockIdx.x; blk < num_blocks; blk += gridDim.x) {
-        u32* base = (u32*)(kv + blk * stride);
-        u64 w0 = 0;
-        if (wide) {
-            uint4* b4 = (uint4*)base;
-            u64 quads = words / 4;
-            for (u64 q = threadIdx.x; q < quads; q += blockDim.x) {
-                u64 off = q * 16;
-                b4[q] = make_uint4(poison_word(off, values_end, scales_end, nan_word),
-                                   poison_word(off + 4, values_end, scales_end, nan_word),
-                                   poison_word(off + 8, values_end, scales_end, nan_word),
-                                   poison_word(off + 12, values_end, scales_end, nan_word));
-            }
-            w0 = quads * 4;
-        }
-        for (u64 w = w0 + threadIdx.x; w < words; w += blockDim.x)
-            base[w] = poison_word(w * 4, values_end, scales_end, nan_word);
+// Writes the poison of one geometry (block `stride`, scale slots at [values_end,
+// scales_end) of each block, `nan_word` elsewhere) over part of the cache: the bytes
+// [start, end) from its base, and in each block only its bytes [lo, hi). With
+// lo = 0, hi = stride every byte of the span is poisoned exactly as
+// kernel::cpu::poison_byte; with lo, hi the scale slots only the slots are written (a
+// pool that already holds another geometry's poison of the same format changes only
+// there); with `only`, only the blocks whose bit is set (below only_bits) are written
+// (the stored blocks of the case before). One warp per block: a pool of a million
+// 132-byte blocks and one of fifty thousand 1.4 MB blocks both keep every SM busy.
+extern "C" __global__ void poison_span(u8* base, u64 start, u64 end, u64 stride, u64 lo, u64 hi,
+                                       u64 values_end, u64 scales_end, u32 nan_word, const u32* only,
+                                       u64 only_bits) {
+    u64 warps = (u64)gridDim.x * (blockDim.x / 32);
+    u64 warp = (u64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x & 31;
+    u64 first = start / stride, last = (end + stride - 1) / stride;
+    for (u64 blk = first + warp; blk < last; blk += warps) {
+        if (only && (blk >= only_bits || !((only[blk >> 5] >> (blk & 31)) & 1u))) continue;
+        u64 b0 = blk * stride;
+        u64 from = b0 + lo > start ? b0 + lo : start;
+        u64 to = b0 + hi < end ? b0 + hi : end;
+        u32* words = (u32*)base;
+        for (u64 a = from + 4 * (u64)lane; a < to; a += 128)
+            words[a / 4] = poison_word(a - b0, values_end, scales_end, nan_word);
     }
 }
 
@@ -58,59 +59,95 @@ extern "C" __global__ void hash_words(const u32* data, u64 n_words, u64* out) {
     if ((threadIdx.x & 31) == 0) atomicAdd(out, acc);
 }
 
-// The cache's integrity in one read: every word of a block that holds no stored block
-// must still be the poison poison_kv wrote (NaN codes, NaN scales), and the stored
-// blocks' words are hashed (mixed with their global word index) into out[1]; words
-// that are not the poison are counted into out[0]. With `stored_only`, only the stored
-// blocks are read (the hash right after they were written: a few MB, not the pool).
-// One warp per block: a pool of a million 132-byte blocks and one of fifty thousand
-// 1.4 MB blocks both keep every SM busy.
-extern "C" __global__ void verify_kv(const u8* kv, u64 num_blocks, u64 stride, u64 values_end, u64 scales_end,
-                                     u32 nan_word, u64 block_bytes, const u32* stored, int stored_only,
-                                     u64* out) {
+// One block of the cache, read by one warp: its words not in the stored block's
+// `block_bytes` are compared with the poison (mismatches into `changed`), the stored
+// block's words hashed (mixed with their global word index) into `hash`.
+__device__ __forceinline__ void verify_block(const u8* kv, u64 blk, u64 end, u64 stride, u64 values_end,
+                                             u64 scales_end, u32 nan_word, u64 block_bytes, bool is_stored,
+                                             int lane, u64& changed, u64& hash) {
     u64 words = stride / 4;
-    u64 warps = (u64)gridDim.x * (blockDim.x / 32);
-    u64 warp = (u64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    int lane = threadIdx.x & 31;
-    u64 changed = 0, hash = 0;
-    // 16-byte loads where every block starts 16-aligned (the cache itself is 256-aligned):
-    // four words per lane per load, two loads in flight, so a warp keeps enough bytes
-    // moving to read the pool at memory speed.
-    bool wide = (stride & 15) == 0;
-    for (u64 blk = warp; blk < num_blocks; blk += warps) {
-        bool is_stored = (stored[blk >> 5] >> (blk & 31)) & 1u;
-        if (stored_only && !is_stored) continue;
-        const u32* base = (const u32*)(kv + blk * stride);
-        u64 w = 0;
-        if (wide) {
-            const uint4* b4 = (const uint4*)base;
-            u64 quads = words / 4;
-            for (u64 q = lane; q < quads; q += 64) {
-                uint4 x[2];
-                x[0] = b4[q];
-                bool two = q + 32 < quads;
-                if (two) x[1] = b4[q + 32];
-                for (int k = 0; k < (two ? 2 : 1); ++k) {
-                    u64 w0 = (q + 32 * k) * 4;
-                    u32 v[4] = {x[k].x, x[k].y, x[k].z, x[k].w};
-                    for (int j = 0; j < 4; ++j) {
-                        u64 ww = w0 + j, off = ww * 4;
-                        if (is_stored && off < block_bytes)
-                            hash += mix64(((blk * words + ww) << 32) ^ v[j] ^ (blk * words + ww) * 0x9E3779B97F4A7C15ULL);
-                        else
-                            changed += v[j] != poison_word(off, values_end, scales_end, nan_word);
-                    }
-                }
-            }
-            w = quads * 4;
-        }
-        for (u64 ww = w + lane; ww < words; ww += 32) {
-            u64 off = ww * 4;
+    const u32* base = (const u32*)(kv + blk * stride);
+    // The last block may be cut by the end of the mapped span: its words past the end
+    // are not there to read.
+    u64 avail = end - blk * stride;
+    if (avail < stride) {
+        for (u64 ww = lane; ww * 4 < avail; ww += 32) {
             u32 x = base[ww];
+            u64 off = ww * 4;
             if (is_stored && off < block_bytes)
                 hash += mix64(((blk * words + ww) << 32) ^ x ^ (blk * words + ww) * 0x9E3779B97F4A7C15ULL);
             else
                 changed += x != poison_word(off, values_end, scales_end, nan_word);
+        }
+        return;
+    }
+    u64 w = 0;
+    // 16-byte loads where every block starts 16-aligned (the cache itself is 256-aligned):
+    // four words per lane per load, two loads in flight, so a warp keeps enough bytes
+    // moving to read the pool at memory speed.
+    if ((stride & 15) == 0) {
+        const uint4* b4 = (const uint4*)base;
+        u64 quads = words / 4;
+        for (u64 q = lane; q < quads; q += 64) {
+            uint4 x[2];
+            x[0] = b4[q];
+            bool two = q + 32 < quads;
+            if (two) x[1] = b4[q + 32];
+            for (int k = 0; k < (two ? 2 : 1); ++k) {
+                u64 w0 = (q + 32 * k) * 4;
+                u32 v[4] = {x[k].x, x[k].y, x[k].z, x[k].w};
+                for (int j = 0; j < 4; ++j) {
+                    u64 ww = w0 + j, off = ww * 4;
+                    if (is_stored && off < block_bytes)
+                        hash += mix64(((blk * words + ww) << 32) ^ v[j] ^ (blk * words + ww) * 0x9E3779B97F4A7C15ULL);
+                    else
+                        changed += v[j] != poison_word(off, values_end, scales_end, nan_word);
+                }
+            }
+        }
+        w = quads * 4;
+    }
+    for (u64 ww = w + lane; ww < words; ww += 32) {
+        u64 off = ww * 4;
+        u32 x = base[ww];
+        if (is_stored && off < block_bytes)
+            hash += mix64(((blk * words + ww) << 32) ^ x ^ (blk * words + ww) * 0x9E3779B97F4A7C15ULL);
+        else
+            changed += x != poison_word(off, values_end, scales_end, nan_word);
+    }
+}
+
+// The cache's integrity in one read of its bytes [0, end) (the whole mapped span, past
+// the pool's last block too): every word of a block that holds no stored block must
+// still be the poison poison_span wrote (NaN codes, NaN scales), and the stored
+// blocks' words are hashed into out[1]; words that are not the poison are counted into
+// out[0]. One warp per block: a pool of a million 132-byte blocks and one of fifty
+// thousand 1.4 MB blocks both keep every SM busy. With `stored_only`, only the stored
+// blocks are read (the hash right after they were written: a few MB, not the pool),
+// found a bitmap word (32 blocks) at a time, so a small grid does it.
+extern "C" __global__ void verify_kv(const u8* kv, u64 end, u64 stride, u64 values_end, u64 scales_end,
+                                     u32 nan_word, u64 block_bytes, const u32* stored, u64 stored_bits,
+                                     int stored_only, u64* out) {
+    u64 num_blocks = (end + stride - 1) / stride;
+    u64 warps = (u64)gridDim.x * (blockDim.x / 32);
+    u64 warp = (u64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x & 31;
+    u64 changed = 0, hash = 0;
+    if (stored_only) {
+        u64 nb = num_blocks < stored_bits ? num_blocks : stored_bits;
+        for (u64 wi = warp; wi < (nb + 31) / 32; wi += warps) {
+            for (u32 m = stored[wi]; m; m &= m - 1) {
+                u64 blk = wi * 32 + (__ffs(m) - 1);
+                if (blk < nb)
+                    verify_block(kv, blk, end, stride, values_end, scales_end, nan_word, block_bytes, true, lane,
+                                 changed, hash);
+            }
+        }
+    } else {
+        for (u64 blk = warp; blk < num_blocks; blk += warps) {
+            bool is_stored = blk < stored_bits && ((stored[blk >> 5] >> (blk & 31)) & 1u);
+            verify_block(kv, blk, end, stride, values_end, scales_end, nan_word, block_bytes, is_stored, lane,
+                         changed, hash);
         }
     }
     for (int o = 16; o > 0; o >>= 1) {

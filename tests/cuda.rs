@@ -35,6 +35,10 @@ fn main() {
             a_write_anywhere_in_the_cache_is_an_input_mutation,
         ),
         trial(
+            "the_cache_keeps_its_poison_between_cases",
+            the_cache_keeps_its_poison_between_cases,
+        ),
+        trial(
             "judge_auto_chooses_the_cpu_without_a_gpu_and_gpu_is_refused",
             judge_auto_chooses_the_cpu_without_a_gpu_and_gpu_is_refused,
         ),
@@ -199,7 +203,7 @@ fn mutations_are_seen(case: &mqa_fuzz::case::Case) -> Ran {
         ("stride padding", stored[1] * stride + bb + 4),
     ] {
         let changed = cuda::device::with_gpu(|gpu| {
-            let dc = DeviceCase::upload_poisoned(gpu, case)?;
+            let mut dc = DeviceCase::upload_poisoned(gpu, case)?;
             let before = dc.input_hashes(gpu, false)?;
             let same = dc.input_hashes(gpu, true)?;
             assert_eq!(before, same, "nothing written yet");
@@ -209,6 +213,77 @@ fn mutations_are_seen(case: &mqa_fuzz::case::Case) -> Ran {
         .map_err(|e| format!("{e:?}"))?;
         assert!(changed, "a write into {what} went unnoticed");
     }
+    Ok(())
+}
+
+/// The cache's address range is kept between cases with its poison
+/// (`kernel::cuda::pool`): each case below follows another of some other geometry,
+/// size or fp8 format (or the same one), and the whole mapped cache must read as that
+/// case's own poison (the integrity read counts every other word). What was rewritten
+/// shows the mechanism: nothing for the same case again, only scale slots for another
+/// geometry of the same format, everything for another format or after a run that
+/// wrote into the pool.
+fn the_cache_keeps_its_poison_between_cases() -> Ran {
+    use mqa_fuzz::kernel::cuda::memory::DeviceCase;
+    use mqa_fuzz::Fp8Format;
+    gpu()?;
+    let make = |pad: u64, block_size: usize, format: Fp8Format, ctx: usize| {
+        recipe(vec![ctx, ctx / 2], 1)
+            .with(|k| {
+                k.kv_stride_pad = pad;
+                k.block_size = block_size;
+                k.format = format;
+                k.surplus_blocks = 20_000;
+            })
+            .materialize()
+    };
+    let fnz = Fp8Format::E4m3fn;
+    let cases = [
+        ("fnuz first", make(0, 16, Fp8Format::E4m3fnuz, 900)),
+        ("fn", make(16, 64, fnz, 3000)),
+        ("same again", make(16, 64, fnz, 3000)),
+        ("stride +12", make(12, 64, fnz, 3000)),
+        ("block size 16", make(0, 16, fnz, 900)),
+        ("fnuz", make(0, 16, Fp8Format::E4m3fnuz, 900)),
+        ("fn, larger", make(64, 64, fnz, 9000)),
+        ("written into", make(64, 64, fnz, 9000)),
+        ("after the write", make(64, 64, fnz, 9000)),
+    ];
+    let mut rewritten = Vec::new();
+    for (what, case) in &cases {
+        let r = cuda::device::with_gpu(|gpu| {
+            let mut dc = DeviceCase::upload_poisoned(gpu, case)?;
+            let before = dc.input_hashes(gpu, false)?;
+            let after = dc.input_hashes(gpu, true)?;
+            if *what == "written into" {
+                dc.kv.upload(dc.kv.bytes - 4, &[0x1234_5678u32]).unwrap();
+                assert_ne!(after, dc.input_hashes(gpu, true)?);
+            }
+            Ok((before == after, dc.poisoned_bytes, dc.cache_mapped_bytes()))
+        })
+        .map_err(|e| format!("{e:?}"))?;
+        assert!(r.0, "{what}: the cache is not this case's poison");
+        rewritten.push((*what, r.1, r.2));
+    }
+    eprintln!("bytes of the cache poisoned per case: {rewritten:?}");
+    let by = |w: &str| rewritten.iter().find(|r| r.0 == w).unwrap();
+    assert!(by("fn").1 >= by("fn").2, "another format: everything");
+    assert_eq!(
+        by("same again").1,
+        0,
+        "the same geometry again rewrites nothing"
+    );
+    let slots = by("stride +12");
+    assert!(
+        slots.1 > 0 && slots.1 < slots.2 / 8,
+        "another stride: scale slots only {slots:?}"
+    );
+    assert!(by("fnuz").1 >= by("fnuz").2, "another format: everything");
+    let after = by("after the write");
+    assert!(
+        after.1 >= after.2,
+        "after a run that wrote into the pool: everything"
+    );
     Ok(())
 }
 

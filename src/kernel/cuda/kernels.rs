@@ -243,20 +243,21 @@ fn lay_out_and_run(
         Some(out) => DeviceCase::upload(gpu, case, out)?,
         None => DeviceCase::upload_poisoned(gpu, case)?,
     };
-    let upload = if dc.keys_drawn_on_device {
-        "upload (keys drawn on the device)"
-    } else {
-        "upload"
-    };
-    phases.insert(upload.to_string(), lap.next());
+    lap.next();
+    for (name, secs) in &dc.upload_phases {
+        *phases.entry(format!("upload: {name}")).or_insert(0.0) += secs;
+    }
     let before = dc.input_hashes(gpu, false)?;
     let timer = Timer::new().map_err(failure)?;
-    phases.insert("hash inputs".to_string(), lap.next());
+    phases.insert("check inputs: before the run".to_string(), lap.next());
     launch_variant(gpu, variant, case, &mut dc, &timer)?;
     phases.insert("launch".to_string(), lap.next());
     let ms = timer.elapsed_ms().map_err(failure)?;
     let after = dc.input_hashes(gpu, true)?;
-    *phases.get_mut("hash inputs").expect("inserted above") += lap.next();
+    phases.insert(
+        "check inputs: after (the whole cache read)".to_string(),
+        lap.next(),
+    );
     let info = RunInfo {
         kernel_time: Some(Duration::from_secs_f64(ms as f64 / 1e3)),
         inputs_intact: Some(before == after),

@@ -6,11 +6,12 @@
 //! the value generator (pipeline values) or copied there, and the output buffer
 //! poisoned on the device (or the harness's copied whole, guard zones included), so
 //! out-of-bounds stores land in memory the oracle inspects. Inputs are hashed on the
-//! device before and after the launch to detect writes to them. The two large
-//! allocations are kept between cases (an arena; see [`Arena`]).
+//! device before and after the launch to detect writes to them. The two large buffers
+//! live in address ranges kept between cases, with their poison ([`super::pool`]).
 
 use super::compile::Program;
 use super::device::{Gpu, GpuFailure};
+use super::pool::{Lease, PoisonTag};
 use super::sys::{DeviceMemory, DeviceSpan, Function};
 use crate::case::{Case, ContextLens, ValueKind, ValueLayout};
 use crate::fp8::Fp8Format;
@@ -65,88 +66,6 @@ fn alloc(bytes: u64) -> Result<DeviceMemory, GpuFailure> {
     })
 }
 
-/// The output and KV allocations a process keeps for the next case of the same sizes (a
-/// property's re-run, the cases of a shape): a case borrows them ([`Lease`]) and gives
-/// them back when its [`DeviceCase`] is dropped. A case of other sizes frees both and
-/// allocates both exactly, the output first, as every case did before there was an
-/// arena: where a wild access lands (a 32-bit-wrapped output offset writes below the
-/// output, outside every allocation of ours, and faults) must not depend on the cases
-/// run before, or a shrunk crash would not replay in a fresh worker (seen on the H200
-/// with allocations reused at any larger size: `cuda:bug-offset32-out`'s saved crash
-/// replayed as a clean run).
-struct Arena {
-    out: Option<DeviceMemory>,
-    kv: Option<DeviceMemory>,
-}
-
-static ARENA: std::sync::Mutex<Arena> = std::sync::Mutex::new(Arena {
-    out: None,
-    kv: None,
-});
-
-/// The arena's allocations lent to one case (or allocations of its own while another
-/// case holds the arena).
-struct Lease {
-    out: Option<DeviceMemory>,
-    kv: Option<DeviceMemory>,
-}
-
-impl Lease {
-    /// Allocations of exactly `out_bytes` and `kv_bytes`: the held ones when they are
-    /// those sizes, else both allocated again (see [`Arena`] for why exactly).
-    fn take(gpu: &Gpu, out_bytes: u64, kv_bytes: u64) -> Result<Lease, GpuFailure> {
-        let (out, kv) = {
-            let mut a = ARENA.lock().unwrap_or_else(|p| p.into_inner());
-            (a.out.take(), a.kv.take())
-        };
-        let cap = |m: &Option<DeviceMemory>| m.as_ref().map_or(0, |m| m.bytes());
-        if cap(&out) == out_bytes && cap(&kv) == kv_bytes {
-            return Ok(Lease { out, kv });
-        }
-        drop(out);
-        drop(kv);
-        let (free, total) = gpu.ctx.mem_info().map_err(GpuFailure::Fault)?;
-        // Leave room for the small inputs, the reference, hashes and module images.
-        let reserve = 256 << 20;
-        let (o, k) = if out_bytes + kv_bytes + reserve <= free {
-            (out_bytes, kv_bytes)
-        } else {
-            return Err(GpuFailure::OutOfMemory(format!(
-                "case needs {:.2} GiB of device memory, {:.2} of {:.2} GiB free",
-                (out_bytes + kv_bytes) as f64 / (1u64 << 30) as f64,
-                free as f64 / (1u64 << 30) as f64,
-                total as f64 / (1u64 << 30) as f64
-            )));
-        };
-        let out = alloc(o)?;
-        let kv = alloc(k)?;
-        Ok(Lease {
-            out: Some(out),
-            kv: Some(kv),
-        })
-    }
-
-    fn out(&self) -> &DeviceMemory {
-        self.out.as_ref().expect("held until drop")
-    }
-
-    fn kv(&self) -> &DeviceMemory {
-        self.kv.as_ref().expect("held until drop")
-    }
-}
-
-impl Drop for Lease {
-    fn drop(&mut self) {
-        let mut a = ARENA.lock().unwrap_or_else(|p| p.into_inner());
-        // A case that ran while this one held the arena may have refilled it: then
-        // ours are freed here.
-        if a.out.is_none() && a.kv.is_none() {
-            a.out = self.out.take();
-            a.kv = self.kv.take();
-        }
-    }
-}
-
 /// A case laid out on the device: its inputs, its poisoned KV cache and output.
 pub struct DeviceCase {
     /// Raw output including guards; element (0,0) at `GUARD_ELEMS` elements.
@@ -162,14 +81,17 @@ pub struct DeviceCase {
     pub bytes: u64,
     /// How the keys got there: drawn on the device from the case's recipe, or copied.
     pub keys_drawn_on_device: bool,
-    /// One bit per block of the cache: a stored block (the rest holds the poison).
-    stored_bits: DeviceMemory,
-    /// The poison's layout in a block: `values_end`, `scales_end`, the fp8 NaN word.
-    poison: (u64, u64, u32),
+    /// Seconds of each step of laying the case out, in order.
+    pub upload_phases: Vec<(&'static str, f64)>,
+    /// Bytes of the cache poisoned for this case (the rest held the poison already).
+    pub poisoned_bytes: u64,
+    /// The poison's layout in a block.
+    poison: PoisonTag,
     num_blocks: u64,
     block_bytes: u64,
-    /// Declared last: the spans above point into it until it is dropped.
-    _lease: Lease,
+    /// Declared last: the spans above point into it until it is dropped. It holds the
+    /// stored blocks' bitmap (one bit per block of the pool).
+    lease: Lease,
 }
 
 fn pad16(n: u64) -> u64 {
@@ -246,44 +168,47 @@ impl DeviceCase {
         let lens = i32_lens(case).map_err(GpuFailure::OutOfMemory)?;
         let out_elems = OutputBuffer::raw_len(case.rows(), case.out_row_stride) as u64;
         let kv_bytes = case.kv_cache_bytes();
-        let lease = Lease::take(gpu, out_elems * 4, pad256(kv_bytes))?;
-        let out_span = DeviceSpan::of(lease.out(), 0, out_elems * 4);
+        let values_end = (s.block_size * s.head_dim) as u64;
+        let tag = PoisonTag {
+            nan_word: match s.format {
+                Fp8Format::E4m3fn => 0x7F7F_7F7Fu32,
+                Fp8Format::E4m3fnuz => 0x8080_8080u32,
+            },
+            stride: case.kv_block_stride,
+            values_end,
+            scales_end: values_end + 4 * s.block_size as u64,
+        };
+        let stride = case.kv_block_stride;
+        let (mut lease, stats) = Lease::take(gpu, out_elems * 4, pad256(kv_bytes), tag)?;
+        let mut phases = vec![
+            ("map the buffers", stats.map_secs),
+            ("poison the cache", stats.poison_secs),
+        ];
+        let mut lap = std::time::Instant::now();
+        let mut step = |name: &'static str, gpu: &Gpu| -> Result<(), GpuFailure> {
+            gpu.ctx.synchronize().map_err(failure)?;
+            phases.push((name, lap.elapsed().as_secs_f64()));
+            lap = std::time::Instant::now();
+            Ok(())
+        };
+        let out_span = DeviceSpan {
+            ptr: lease.out().base(),
+            bytes: out_elems * 4,
+        };
         match raw_out {
             Some(raw) => out_span.upload(0, raw).map_err(failure)?,
             None => out_span.fill_u32(POISON_BITS).map_err(failure)?,
         }
-        let kv = DeviceSpan::of(lease.kv(), 0, pad256(kv_bytes));
-
-        let util_poison = gpu
-            .function(Program::Util, "poison_kv", &vec![])
-            .map_err(GpuFailure::Environment)?;
-        let values_end = (s.block_size * s.head_dim) as u64;
-        let scales_end = values_end + 4 * s.block_size as u64;
-        let nan = match s.format {
-            Fp8Format::E4m3fn => 0x7F7F_7F7Fu32,
-            Fp8Format::E4m3fnuz => 0x8080_8080u32,
+        let kv = DeviceSpan {
+            ptr: lease.kv().base(),
+            bytes: pad256(kv_bytes),
         };
-        let stride = case.kv_block_stride;
-        let grid = case.num_blocks.clamp(1, 65535) as u32;
-        launch(
-            &util_poison,
-            (grid, 1, 1),
-            256,
-            0,
-            &mut [
-                &mut kv.ptr.clone(),
-                &mut case.num_blocks.clone(),
-                &mut stride.clone(),
-                &mut values_end.clone(),
-                &mut scales_end.clone(),
-                &mut nan.clone(),
-            ],
-        )?;
         let mut bits = vec![0u32; (case.num_blocks as usize).div_ceil(32).max(1)];
         for id in case.kv.ids() {
             bits[(id / 32) as usize] |= 1 << (id % 32);
         }
-        let stored_bits = small(&bits)?;
+        lease.stored = Some((small(&bits)?, case.num_blocks, tag));
+        step("poison the output", gpu)?;
         let drawn_here = keys_drawn_on_device(case);
         if drawn_here {
             let (values, _) = case.kv.drawn_values().expect("checked above");
@@ -291,8 +216,10 @@ impl DeviceCase {
             let ids: Vec<u64> = unique.iter().map(|&(id, _)| id).collect();
             let index: Vec<u64> = unique.iter().map(|&(_, l)| l as u64).collect();
             super::generate::blocks_in_place(gpu, s, values.seed, kv.ptr, stride, &ids, &index)?;
+            step("keys (drawn on the device)", gpu)?;
         } else {
             Self::copy_blocks(gpu, case, kv.ptr)?;
+            step("keys (copied)", gpu)?;
         }
         let q = small(&case.q)?;
         let weights = small(&case.weights)?;
@@ -335,7 +262,7 @@ impl DeviceCase {
             + table_mem.bytes()
             + lens_mem.bytes()
             + decode.bytes();
-        gpu.ctx.synchronize().map_err(failure)?;
+        step("small inputs", gpu)?;
         Ok(DeviceCase {
             out: out_span,
             kv,
@@ -347,11 +274,12 @@ impl DeviceCase {
             params,
             bytes,
             keys_drawn_on_device: drawn_here,
-            stored_bits,
-            poison: (values_end, scales_end, nan),
+            upload_phases: phases,
+            poisoned_bytes: stats.poisoned_bytes,
+            poison: tag,
             num_blocks: case.num_blocks,
             block_bytes: s.block_bytes() as u64,
-            _lease: lease,
+            lease,
         })
     }
 
@@ -393,10 +321,15 @@ impl DeviceCase {
 
     /// What the run must leave as it found: hashes of q, weights, table and lengths,
     /// of the stored blocks, and the count of the cache's other words that are no
-    /// longer the poison. `whole_cache`: read the whole cache (after the run); else only
-    /// the stored blocks (before it, right after they were written: the rest is the
-    /// poison just written), so the pool is read once per case, not twice.
-    pub fn input_hashes(&self, gpu: &mut Gpu, whole_cache: bool) -> Result<Vec<u64>, GpuFailure> {
+    /// longer the poison. `whole_cache`: read the whole mapped cache (after the run;
+    /// when nothing changed, the next case re-poisons only the stored blocks); else
+    /// only the stored blocks (before it, right after they were written: the rest is
+    /// the poison), so the pool is read once per case, not twice.
+    pub fn input_hashes(
+        &mut self,
+        gpu: &mut Gpu,
+        whole_cache: bool,
+    ) -> Result<Vec<u64>, GpuFailure> {
         let f = gpu
             .function(Program::Util, "hash_words", &vec![])
             .map_err(GpuFailure::Environment)?;
@@ -426,8 +359,22 @@ impl DeviceCase {
         let verify = gpu
             .function(Program::Util, "verify_kv", &vec![])
             .map_err(GpuFailure::Environment)?;
-        let (values_end, scales_end, nan) = self.poison;
-        let grid = self.num_blocks.div_ceil(8).clamp(1, 8 * 65535) as u32;
+        let t = self.poison;
+        let end = self.lease.kv().mapped_bytes();
+        let stored = self
+            .lease
+            .stored
+            .as_ref()
+            .expect("set when laid out")
+            .0
+            .ptr();
+        let blocks = end.div_ceil(t.stride);
+        let grid = if whole_cache {
+            blocks.div_ceil(8).clamp(1, 8 * 65535)
+        } else {
+            // A warp per bitmap word (32 blocks), a few waves of them.
+            blocks.div_ceil(32 * 8).clamp(1, gpu.sms as u64 * 16)
+        } as u32;
         launch(
             &verify,
             (grid, 1, 1),
@@ -435,20 +382,30 @@ impl DeviceCase {
             0,
             &mut [
                 &mut self.kv.ptr.clone(),
-                &mut self.num_blocks.clone(),
-                &mut self.params.kv_stride.clone(),
-                &mut values_end.clone(),
-                &mut scales_end.clone(),
-                &mut nan.clone(),
+                &mut end.clone(),
+                &mut t.stride.clone(),
+                &mut t.values_end.clone(),
+                &mut t.scales_end.clone(),
+                &mut t.nan_word.clone(),
                 &mut self.block_bytes.clone(),
-                &mut self.stored_bits.ptr(),
+                &mut stored.clone(),
+                &mut self.num_blocks.clone(),
                 &mut (!whole_cache as i32),
                 &mut (acc.ptr() + 8 * 4),
             ],
         )?;
         let mut h = vec![0u64; 6];
         acc.download(0, &mut h).map_err(failure)?;
+        if whole_cache {
+            self.lease.clean = h[4] == 0;
+        }
         Ok(h)
+    }
+
+    /// Bytes of the cache's address range mapped for this case (its bytes rounded up to
+    /// whole chunks; all of them poisoned and verified).
+    pub fn cache_mapped_bytes(&self) -> u64 {
+        self.lease.kv().mapped_bytes()
     }
 
     /// Copies the whole output (guards included) back into `out`.

@@ -2,8 +2,9 @@
 //!
 //! Layers, bottom up: [`sys`] (every raw driver/NVRTC call, unsafe, thin), [`compile`]
 //! (NVRTC + disk cache of the embedded `kernels/*.cu`), [`device`] (the process's GPU,
-//! recovery after faults), [`memory`] (a case laid out on the device as production
-//! lays it out, poisoned), [`kernels`] (the `Kernel` implementations), [`reference`] (the
+//! recovery after faults), [`pool`] (the address ranges a case's cache and output live
+//! in between cases, with the cache's poison), [`memory`] (a case laid out on the
+//! device as production lays it out, poisoned), [`kernels`] (the `Kernel` implementations), [`reference`] (the
 //! exact f64 reference on the GPU, checked against the CPU one), [`judge`] (the oracle's
 //! rules applied on the device, next to the output). The GPU commands that
 //! drive them (`gpu-selfcheck`, `bench gpu`, `gpu-precompile`) are application code and
@@ -21,6 +22,7 @@ pub mod generate;
 pub mod judge;
 pub mod kernels;
 pub mod memory;
+pub mod pool;
 pub mod reference;
 pub mod sys;
 

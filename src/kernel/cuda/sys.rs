@@ -69,6 +69,11 @@ impl Context {
         unsafe { result::ctx::set_current(self.ctx) }.map_err(drv)
     }
 
+    /// The device's ordinal as the driver's memory calls take it.
+    pub fn device(&self) -> i32 {
+        self.dev
+    }
+
     pub fn attribute(&self, a: sys::CUdevice_attribute) -> Result<i32, DeviceError> {
         // SAFETY: valid device handle.
         unsafe { result::device::get_attribute(self.dev, a) }.map_err(drv)
@@ -225,6 +230,147 @@ impl Drop for DeviceMemory {
     fn drop(&mut self) {
         // SAFETY: frees our own allocation once; after a fault the call fails harmlessly.
         let _ = unsafe { result::free_sync(self.ptr) };
+    }
+}
+
+/// A reserved range of device virtual addresses: nothing is behind it until
+/// [`PhysicalMemory`] is mapped into it, so an access to an unmapped part faults.
+pub struct AddressRange {
+    base: u64,
+    bytes: u64,
+}
+
+impl AddressRange {
+    /// Reserves `bytes` (a multiple of the allocation granularity) of addresses.
+    pub fn reserve(bytes: u64, align: u64) -> Result<AddressRange, DeviceError> {
+        let mut base: sys::CUdeviceptr = 0;
+        // SAFETY: reserves addresses only; `base` receives the start.
+        unsafe {
+            sys::cuMemAddressReserve(&mut base, bytes as usize, align as usize, 0, 0).result()
+        }
+        .map_err(drv)?;
+        Ok(AddressRange { base, bytes })
+    }
+
+    pub fn base(&self) -> u64 {
+        self.base
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Maps `mem` at byte `offset` of the range (no access yet: [`AddressRange::allow`]).
+    ///
+    /// # Safety
+    /// `offset..offset + mem.bytes()` lies inside the range and is not mapped, and `mem`
+    /// stays alive while it is mapped ([`AddressRange::unmap`] before dropping it).
+    pub unsafe fn map(&self, offset: u64, mem: &PhysicalMemory) -> Result<(), DeviceError> {
+        assert!(offset + mem.bytes <= self.bytes, "mapping past the range");
+        sys::cuMemMap(self.base + offset, mem.bytes as usize, 0, mem.handle, 0)
+            .result()
+            .map_err(drv)
+    }
+
+    /// Makes `bytes` from byte `offset` (all of it mapped) readable and writable by
+    /// `device`: one call for many mappings.
+    pub fn allow(&self, offset: u64, bytes: u64, device: i32) -> Result<(), DeviceError> {
+        assert!(offset + bytes <= self.bytes, "access past the range");
+        if bytes == 0 {
+            return Ok(());
+        }
+        let desc = sys::CUmemAccessDesc {
+            location: sys::CUmemLocation {
+                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                id: device,
+            },
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        // SAFETY: sets access flags on addresses of our own reservation; the driver
+        // refuses (an error, not UB) a span that is not wholly mapped.
+        unsafe { sys::cuMemSetAccess(self.base + offset, bytes as usize, &desc, 1).result() }
+            .map_err(drv)
+    }
+
+    /// Unmaps `bytes` from byte `offset` of the range.
+    ///
+    /// # Safety
+    /// The span is a union of whole mappings made by [`AddressRange::map`], and no
+    /// device work that uses it is in flight (synchronize first).
+    pub unsafe fn unmap(&self, offset: u64, bytes: u64) -> Result<(), DeviceError> {
+        assert!(offset + bytes <= self.bytes, "unmapping past the range");
+        if bytes == 0 {
+            return Ok(());
+        }
+        sys::cuMemUnmap(self.base + offset, bytes as usize)
+            .result()
+            .map_err(drv)
+    }
+}
+
+impl Drop for AddressRange {
+    fn drop(&mut self) {
+        // SAFETY: our own reservation, freed once; its mappings were removed first (the
+        // owner unmaps before dropping), and after a fault the call fails harmlessly.
+        let _ = unsafe { sys::cuMemAddressFree(self.base, self.bytes as usize).result() };
+    }
+}
+
+/// Device memory with no address of its own (`cuMemCreate`): mapped into an
+/// [`AddressRange`] to be used; it keeps its contents while unmapped.
+pub struct PhysicalMemory {
+    handle: sys::CUmemGenericAllocationHandle,
+    bytes: u64,
+}
+
+impl PhysicalMemory {
+    fn prop(device: i32) -> sys::CUmemAllocationProp {
+        // SAFETY: a plain C struct; all-zero is its documented default.
+        let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+        prop.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location = sys::CUmemLocation {
+            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+            id: device,
+        };
+        prop
+    }
+
+    /// `bytes` (a multiple of [`PhysicalMemory::granularity`]) on `device`.
+    pub fn create(device: i32, bytes: u64) -> Result<PhysicalMemory, DeviceError> {
+        let prop = Self::prop(device);
+        let mut handle: sys::CUmemGenericAllocationHandle = 0;
+        // SAFETY: `prop` describes plain device memory; `handle` receives it.
+        unsafe { sys::cuMemCreate(&mut handle, bytes as usize, &prop, 0).result() }.map_err(drv)?;
+        Ok(PhysicalMemory { handle, bytes })
+    }
+
+    /// The size every physical allocation and mapping must be a multiple of.
+    pub fn granularity(device: i32) -> Result<u64, DeviceError> {
+        let prop = Self::prop(device);
+        let mut g = 0usize;
+        // SAFETY: `prop` is valid; `g` receives the granularity.
+        unsafe {
+            sys::cuMemGetAllocationGranularity(
+                &mut g,
+                &prop,
+                sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+            )
+            .result()
+        }
+        .map_err(drv)?;
+        Ok(g as u64)
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+impl Drop for PhysicalMemory {
+    fn drop(&mut self) {
+        // SAFETY: our own handle, released once (memory still mapped is freed when
+        // unmapped).
+        let _ = unsafe { sys::cuMemRelease(self.handle).result() };
     }
 }
 
