@@ -14,6 +14,7 @@ use crate::kernel::{Kernel, OpenError, OutputBuffer, RunError};
 use std::collections::BTreeMap;
 use std::io::{BufRead, Write};
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// A misbehaviour on purpose, counted in requests served by this process (from 1).
@@ -115,24 +116,19 @@ pub fn serve(
         judges_on_device: k.device_judge().is_ok(),
     };
     send(&mut out, &WorkerLine::Hello(Box::new(hello))).map_err(io)?;
-    let stdin = std::io::stdin();
+    // Requests are read (parsed, and their case read out of the region) by a thread of
+    // their own, one ahead: the next case is read while this one runs on the device.
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Incoming>(1);
+    std::thread::Builder::new()
+        .name("worker-reader".into())
+        .spawn(move || read_requests(tx))
+        .map_err(|e| Fatal::environment(format!("worker: cannot start its reader: {e}")))?;
     let mut served = 0u64;
-    // Protocol 2: the client's regions, each mapped once and again only when it grows.
-    let mut regions: Vec<SharedRegion> = Vec::new();
-    for line in stdin.lock().lines() {
-        let line =
-            line.map_err(|e| Fatal::environment(format!("worker: cannot read stdin: {e}")))?;
-        if line.trim().is_empty() {
-            continue;
-        }
+    for incoming in rx {
         served += 1;
-        let req: RunRequest = match serde_json::from_str(&line) {
-            Ok(r) => r,
-            Err(e) => {
-                let id = serde_json::from_str::<serde_json::Value>(&line)
-                    .ok()
-                    .and_then(|v| v.get("id")?.as_u64());
-                let message = format!("bad request ({e}): {}", protocol::clip(&line));
+        let (req, read, read_secs) = match incoming {
+            Incoming::Unreadable(e) => return Err(Fatal::environment(e)),
+            Incoming::Bad { id, message } => {
                 send(
                     &mut out,
                     &WorkerLine::Error {
@@ -144,6 +140,7 @@ pub fn serve(
                 .map_err(io)?;
                 continue;
             }
+            Incoming::Request(r) => (r.req, r.read, r.read_secs),
         };
         match fault {
             Some(Fault::CrashAt(n)) if n == served => {
@@ -179,7 +176,7 @@ pub fn serve(
             }
             _ => {}
         }
-        let mut reply = answer(k.as_ref(), &req, &mut regions);
+        let mut reply = answer(k.as_ref(), &req, read, read_secs);
         if fault == Some(Fault::WrongIdAt(served)) {
             if let WorkerLine::Result { id, .. } | WorkerLine::Error { id: Some(id), .. } =
                 &mut reply
@@ -192,15 +189,68 @@ pub fn serve(
     Ok(exit::CLEAN)
 }
 
+/// A request and its case, read out of its region (or why not).
+struct ReadRequest {
+    req: RunRequest,
+    read: Result<(Case, OutputBuffer, bool), String>,
+    read_secs: f64,
+}
+
+/// What the reader hands the serving loop, in the order the lines came.
+enum Incoming {
+    Request(Box<ReadRequest>),
+    /// A line that is not a request: answered with a `crash` error.
+    Bad {
+        id: Option<u64>,
+        message: String,
+    },
+    /// Stdin broke.
+    Unreadable(String),
+}
+
+/// The reader thread: every line of stdin made into an [`Incoming`] until stdin closes
+/// (or the serving loop is gone).
+fn read_requests(tx: std::sync::mpsc::SyncSender<Incoming>) {
+    // Protocol 2: the client's regions, each mapped once and again only when it grows.
+    let mut regions: Vec<Arc<SharedRegion>> = Vec::new();
+    for line in std::io::stdin().lock().lines() {
+        let incoming = match line {
+            Err(e) => Incoming::Unreadable(format!("worker: cannot read stdin: {e}")),
+            Ok(line) if line.trim().is_empty() => continue,
+            Ok(line) => match serde_json::from_str::<RunRequest>(&line) {
+                Err(e) => Incoming::Bad {
+                    id: serde_json::from_str::<serde_json::Value>(&line)
+                        .ok()
+                        .and_then(|v| v.get("id")?.as_u64()),
+                    message: format!("bad request ({e}): {}", protocol::clip(&line)),
+                },
+                Ok(req) => {
+                    let t0 = Instant::now();
+                    let read = read_request(&req, &mut regions);
+                    Incoming::Request(Box::new(ReadRequest {
+                        req,
+                        read,
+                        read_secs: t0.elapsed().as_secs_f64(),
+                    }))
+                }
+            },
+        };
+        let stop = matches!(incoming, Incoming::Unreadable(_));
+        if tx.send(incoming).is_err() || stop {
+            return;
+        }
+    }
+}
+
 /// Regions a worker keeps mapped (the harness rotates the regions its output buffers
 /// live in, one per case in flight): mapped once each, remapped only when one grew.
 const MAPPINGS_KEPT: usize = 16;
 
 /// Maps the request's region, reusing a mapping of the same path that is large enough.
-fn map_region<'a>(
+fn map_region(
     shm: &ShmTensors,
-    regions: &'a mut Vec<SharedRegion>,
-) -> Result<&'a mut SharedRegion, String> {
+    regions: &mut Vec<Arc<SharedRegion>>,
+) -> Result<Arc<SharedRegion>, String> {
     let k = match regions.iter().position(|r| r.path() == shm.path) {
         Some(k) if regions[k].len() >= shm.bytes => k,
         found => {
@@ -212,31 +262,32 @@ fn map_region<'a>(
             }
             let r = SharedRegion::open(&shm.path, shm.bytes)
                 .map_err(|e| format!("cannot map the shared region {}: {e}", shm.path))?;
-            regions.push(r);
+            regions.push(Arc::new(r));
             regions.len() - 1
         }
     };
-    Ok(&mut regions[k])
+    Ok(regions[k].clone())
 }
 
 /// Reads the request's case from its file (protocol 1), or from the shared region (2)
 /// with the output buffer over the region's `logits`, written in place.
 fn read_request(
     req: &RunRequest,
-    regions: &mut Vec<SharedRegion>,
+    regions: &mut Vec<Arc<SharedRegion>>,
 ) -> Result<(Case, OutputBuffer, bool), String> {
     match &req.shm {
         None => protocol::read_case_file(req).map(|(c, o)| (c, o, false)),
         Some(shm) => {
             let r = map_region(shm, regions)?;
             let mut src = ShmReader {
-                region: r,
+                region: &r,
                 layout: shm,
             };
             let case = protocol::read_inputs(req, &mut src, &shm.path)?;
-            // SAFETY: the mapping stays in `regions`, untouched, until the request is
-            // answered and this buffer dropped (`answer` does nothing else with
-            // `regions` in between).
+            // SAFETY: only the kernel touches the region's `logits` until the request
+            // is answered (its inputs were read above; the next request the reader
+            // reads is in another region, the client's regions being one per case in
+            // flight).
             let storage = unsafe { MappedOutput::new(r, shm)? };
             let out = OutputBuffer::over(
                 case.rows(),
@@ -260,18 +311,21 @@ fn write_answer(req: &RunRequest, buf: &OutputBuffer) -> Result<(), String> {
 }
 
 /// Runs one request and builds its answer line.
-fn answer(k: &dyn Kernel, req: &RunRequest, regions: &mut Vec<SharedRegion>) -> WorkerLine {
+fn answer(
+    k: &dyn Kernel,
+    req: &RunRequest,
+    read: Result<(Case, OutputBuffer, bool), String>,
+    read_secs: f64,
+) -> WorkerLine {
     let error = |kind, message| WorkerLine::Error {
         id: Some(req.id),
         kind,
         message,
     };
-    let t0 = Instant::now();
-    let (case, mut buf, in_place) = match read_request(req, regions) {
+    let (case, mut buf, in_place) = match read {
         Ok(x) => x,
         Err(e) => return error(ErrorKind::Crash, format!("bad case: {e}")),
     };
-    let read_secs = t0.elapsed().as_secs_f64();
     if let Some(why) = k.capabilities().rejects(&case) {
         return error(ErrorKind::Skipped, why);
     }
@@ -393,7 +447,8 @@ fn phases_us(
     write: f64,
 ) -> BTreeMap<String, f64> {
     let mut p: BTreeMap<String, f64> = kernel.iter().map(|(k, t)| (k.clone(), t * 1e6)).collect();
-    p.insert("worker: read case".into(), read * 1e6);
+    // Read by the reader thread while the request before ran.
+    p.insert("worker: read case (overlapped)".into(), read * 1e6);
     if draw > 0.0 {
         p.insert("worker: draw values".into(), draw * 1e6);
     }

@@ -27,6 +27,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd};
+use std::sync::Arc;
 
 /// Alignment of every tensor inside the region.
 const ALIGN: usize = 64;
@@ -526,6 +527,8 @@ impl Drop for RegionOutput {
 pub struct MappedOutput {
     ptr: *mut f32,
     elems: usize,
+    /// Keeps the mapping alive (a worker may drop its own handle meanwhile).
+    _region: Arc<SharedRegion>,
 }
 
 // SAFETY: the pointer is into a mapping the worker holds for the whole request, and is
@@ -534,24 +537,28 @@ unsafe impl Send for MappedOutput {}
 unsafe impl Sync for MappedOutput {}
 
 impl MappedOutput {
-    /// The `logits` of `layout` in `region`.
+    /// The `logits` of `layout` in `region`, which stays mapped while this lives.
     ///
     /// # Safety
-    /// `region` must stay mapped, and not be remapped, for as long as the returned value
-    /// (and the output buffer over it) lives.
+    /// Nothing else in this process may access the region's `logits` bytes while the
+    /// returned value (and the output buffer over it) lives: the worker reads a
+    /// request's other tensors, and the next request is in another region (the client
+    /// hands a region out again only after its answer).
     pub unsafe fn new(
-        region: &mut SharedRegion,
+        region: Arc<SharedRegion>,
         layout: &ShmTensors,
     ) -> Result<MappedOutput, String> {
         let (t, n) = layout.get("logits", Dtype::F32, region.len())?;
         let at = t.offset;
-        let b = &mut region.bytes_mut()[at..at + n];
-        if b.as_ptr().align_offset(4) != 0 {
+        // The mapping's own pointer (not derived from a shared slice), `n` bytes in it.
+        let ptr = region.ptr.wrapping_add(at);
+        if ptr.align_offset(4) != 0 {
             return Err(format!("logits at offset {at} are not 4-byte aligned"));
         }
         Ok(MappedOutput {
-            ptr: b.as_mut_ptr().cast(),
+            ptr: ptr.cast(),
             elems: n / 4,
+            _region: region,
         })
     }
 }
