@@ -64,12 +64,14 @@ extern "C" __global__ void hash_words(const u32* data, u64 n_words, u64* out) {
 // block's words hashed (mixed with their global word index) into `hash`.
 __device__ __forceinline__ void verify_block(const u8* kv, u64 blk, u64 end, u64 stride, u64 values_end,
                                              u64 scales_end, u32 nan_word, u64 block_bytes, bool is_stored,
-                                             int lane, u64& changed, u64& hash) {
+                                             bool data_only, int lane, u64& changed, u64& hash) {
     u64 words = stride / 4;
     const u32* base = (const u32*)(kv + blk * stride);
     // The last block may be cut by the end of the mapped span: its words past the end
-    // are not there to read.
+    // are not there to read. `data_only`: only the stored block's own bytes (its stride
+    // padding is checked by the whole read after the run).
     u64 avail = end - blk * stride;
+    if (data_only && avail > block_bytes) avail = block_bytes;
     if (avail < stride) {
         for (u64 ww = lane; ww * 4 < avail; ww += 32) {
             u32 x = base[ww];
@@ -123,8 +125,9 @@ __device__ __forceinline__ void verify_block(const u8* kv, u64 blk, u64 end, u64
 // blocks' words are hashed into out[1]; words that are not the poison are counted into
 // out[0]. One warp per block: a pool of a million 132-byte blocks and one of fifty
 // thousand 1.4 MB blocks both keep every SM busy. With `stored_only`, only the stored
-// blocks are read (the hash right after they were written: a few MB, not the pool),
-// found a bitmap word (32 blocks) at a time, so a small grid does it.
+// blocks' own bytes are read (the hash right after they were written: a few MB, not
+// the pool, nor the stride padding of an interleaved pool, up to a MB a block), found
+// a bitmap word (32 blocks) at a time, so a small grid does it.
 extern "C" __global__ void verify_kv(const u8* kv, u64 end, u64 stride, u64 values_end, u64 scales_end,
                                      u32 nan_word, u64 block_bytes, const u32* stored, u64 stored_bits,
                                      int stored_only, u64* out) {
@@ -139,15 +142,15 @@ extern "C" __global__ void verify_kv(const u8* kv, u64 end, u64 stride, u64 valu
             for (u32 m = stored[wi]; m; m &= m - 1) {
                 u64 blk = wi * 32 + (__ffs(m) - 1);
                 if (blk < nb)
-                    verify_block(kv, blk, end, stride, values_end, scales_end, nan_word, block_bytes, true, lane,
-                                 changed, hash);
+                    verify_block(kv, blk, end, stride, values_end, scales_end, nan_word, block_bytes, true, true,
+                                 lane, changed, hash);
             }
         }
     } else {
         for (u64 blk = warp; blk < num_blocks; blk += warps) {
             bool is_stored = blk < stored_bits && ((stored[blk >> 5] >> (blk & 31)) & 1u);
-            verify_block(kv, blk, end, stride, values_end, scales_end, nan_word, block_bytes, is_stored, lane,
-                         changed, hash);
+            verify_block(kv, blk, end, stride, values_end, scales_end, nan_word, block_bytes, is_stored, false,
+                         lane, changed, hash);
         }
     }
     for (int o = 16; o > 0; o >>= 1) {
