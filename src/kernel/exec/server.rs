@@ -213,6 +213,14 @@ enum Incoming {
 fn read_requests(tx: std::sync::mpsc::SyncSender<Incoming>) {
     // Protocol 2: the client's regions, each mapped once and again only when it grows.
     let mut regions: Vec<Arc<SharedRegion>> = Vec::new();
+    // Decoding a request's tables runs on half the cores, so the serving loop (which
+    // waits on the device, spinning) is not starved of a core meanwhile.
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads((cores / 2).max(1))
+        .thread_name(|i| format!("worker-reader-{i}"))
+        .build()
+        .ok();
     for line in std::io::stdin().lock().lines() {
         let incoming = match line {
             Err(e) => Incoming::Unreadable(format!("worker: cannot read stdin: {e}")),
@@ -226,7 +234,10 @@ fn read_requests(tx: std::sync::mpsc::SyncSender<Incoming>) {
                 },
                 Ok(req) => {
                     let t0 = Instant::now();
-                    let read = read_request(&req, &mut regions);
+                    let read = match &pool {
+                        Some(p) => p.install(|| read_request(&req, &mut regions)),
+                        None => read_request(&req, &mut regions),
+                    };
                     Incoming::Request(Box::new(ReadRequest {
                         req,
                         read,
