@@ -115,7 +115,8 @@ campaign() {
     t0=$(date +%s)
     echo "[$(stamp)] campaign $name: mqa-fuzz run $*"
     "${BIN:-$B}" run "$@" --no-replay --corpus "$W/c/$name" --report "$W/r/$name" -q >"$W/logs/$name.log" 2>&1
-    echo "[$(stamp)] campaign $name exit $? in $(($(date +%s) - t0)) s"
+    local rc=$? # before anything else runs: "$(stamp)" in the line below would reset $?
+    echo "[$(stamp)] campaign $name exit $rc in $(($(date +%s) - t0)) s"
     grep -v '^mqa-fuzz: ' "$W/logs/$name.log" | tail -12
     python3 - "$W/r/$name/report.json" <<'PY' 2>/dev/null
 import json, sys
@@ -158,7 +159,8 @@ bench() {
         --section SpeedOfLight --section ComputeWorkloadAnalysis --section Occupancy \
         --section SchedulerStats --section WarpStateStats --section LaunchStats \
         "$B" bench gpu >"$W/logs/ncu-reference.log" 2>&1
-    echo "[$(stamp)] ncu exit $?"
+    local rc=$?
+    echo "[$(stamp)] ncu exit $rc"
     grep -A400 'reference_f64' "$W/logs/ncu-reference.log" | head -150
 }
 
@@ -226,13 +228,15 @@ chain_naive() {
     campaign naive-all-5m --kernel cuda:naive --profile all --budget 5m --seed 51 --gpus 0
     echo "[$(stamp)] gpu-selfcheck"
     CUDA_VISIBLE_DEVICES=0 "$B" gpu-selfcheck --cases 15 --reference-cases 40 >"$W/logs/gpu-selfcheck.log" 2>&1
-    echo "[$(stamp)] gpu-selfcheck exit $?"
+    local rc=$?
+    echo "[$(stamp)] gpu-selfcheck exit $rc"
     grep -E 'FAIL|GPU reference|selfcheck:' "$W/logs/gpu-selfcheck.log"
 }
 chain_selftest() {
     echo "[$(stamp)] selftest --backend cuda --budget 40s --seeds 1"
     CUDA_VISIBLE_DEVICES=0 "$B" selftest --backend cuda --budget 40s --seeds 1 >"$W/logs/selftest.log" 2>&1
-    echo "[$(stamp)] selftest exit $?"
+    local rc=$?
+    echo "[$(stamp)] selftest exit $rc"
     cat "$W/logs/selftest.log"
 }
 chain_exec() {
@@ -246,7 +250,7 @@ chain_exec() {
         [ -e "$f" ] || continue
         echo "[$(stamp)] mqa-fuzz replay --kernel deepgemm $f"
         "$B" replay --kernel deepgemm "$f" 2>&1 | tail -4
-        echo "replay exit $?"
+        echo "replay exit ${PIPESTATUS[0]}"
     done
     [ "${TORCH:-1}" = 1 ] || return 0
     for p in production layout hostile; do
