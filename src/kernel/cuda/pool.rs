@@ -77,13 +77,20 @@ pub struct Region {
 
 impl Region {
     fn new(gpu: &Gpu, chunk: u64) -> Result<Region, GpuFailure> {
+        // A device or driver without virtual memory management cannot lay out a case
+        // at all: an environment error, not a crash of the case.
+        let env = |what: &str| {
+            let what = what.to_string();
+            move |e: String| GpuFailure::Environment(format!("{what}: {e}"))
+        };
         let device = gpu.ctx.device();
-        let g = PhysicalMemory::granularity(device).map_err(failure)?;
+        let g = PhysicalMemory::granularity(device).map_err(env("device memory granularity"))?;
         let chunk = chunk.div_ceil(g) * g;
         let total = gpu.ctx.total_mem().map_err(failure)?;
         let capacity = total.div_ceil(chunk) * chunk;
         // Gap, buffer, gap: the end of the range is never mapped either.
-        let range = AddressRange::reserve(GAP + capacity + GAP, g).map_err(failure)?;
+        let range = AddressRange::reserve(GAP + capacity + GAP, g)
+            .map_err(env("reserving device addresses"))?;
         Ok(Region {
             range,
             chunk,
