@@ -15,7 +15,7 @@ use crate::case::Case;
 use crate::kernel::{
     Capabilities, DeviceJudgeRequest, JudgedRun, Kernel, OutputBuffer, RunError, RunInfo,
 };
-use judged::Answer;
+use judged::{Answer, Prepared};
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -255,12 +255,16 @@ impl ExecKernel {
         slot: &mut Slot,
         case: &Case,
         out: &mut OutputBuffer,
+        prepared: Option<Prepared>,
     ) -> Result<RunInfo, RunError> {
         if slot.worker.is_none() {
             self.restart(slot)?;
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         if slot.protocol >= 2 {
+            if let Some(p) = prepared {
+                return self.send_prepared(slot, id, p, out).map(|a| a.info);
+            }
             return self.run_shm(slot, id, case, out);
         }
         let case_path = slot.dir.join(format!("case-{id}.safetensors"));
@@ -303,8 +307,8 @@ impl ExecKernel {
             RunError::Environment(format!("cannot set up the shared memory region: {e}"))
         };
         let pristine = out.is_pristine();
-        if let Some(answer) = self.run_in_place(slot, id, case, out, pristine, None) {
-            return answer.map(|a| a.info);
+        if let Some(p) = self.prepare_in_place(case, out, pristine, None) {
+            return self.send_prepared(slot, id, p, out).map(|a| a.info);
         }
         let t0 = Instant::now();
         let ints = protocol::WireInts::with(case, self.hello.draws_values);
@@ -592,12 +596,14 @@ impl Kernel for ExecKernel {
     }
 
     fn run(&self, case: &Case, out: &mut OutputBuffer) -> Result<RunInfo, RunError> {
+        // Inputs into the output's region first, while the workers serve other cases.
+        let prepared = self.prepare_in_place(case, out, out.is_pristine(), None);
         let t0 = Instant::now();
         let k = self.take_slot();
         let waited = t0.elapsed();
         let result = {
             let mut slot = self.slots[k].lock().unwrap_or_else(|e| e.into_inner());
-            self.run_on(&mut slot, case, out)
+            self.run_on(&mut slot, case, out, prepared)
         };
         self.give_slot(k);
         result.map(|info| RunInfo {

@@ -117,7 +117,9 @@ pub fn serve(
     };
     send(&mut out, &WorkerLine::Hello(Box::new(hello))).map_err(io)?;
     // Requests are read (parsed, and their case read out of the region) by a thread of
-    // their own, one ahead: the next case is read while this one runs on the device.
+    // their own, one ahead: a request sent before the answer to the one running is read
+    // while that one runs on the device (the harness's pool sends one at a time per
+    // worker today; a Python adapter reads in order either way).
     let (tx, rx) = std::sync::mpsc::sync_channel::<Incoming>(1);
     std::thread::Builder::new()
         .name("worker-reader".into())
@@ -458,8 +460,9 @@ fn phases_us(
     write: f64,
 ) -> BTreeMap<String, f64> {
     let mut p: BTreeMap<String, f64> = kernel.iter().map(|(k, t)| (k.clone(), t * 1e6)).collect();
-    // Read by the reader thread while the request before ran.
-    p.insert("worker: read case (overlapped)".into(), read * 1e6);
+    // Read by the reader thread; it overlaps the run before only when the client has
+    // sent this request before that answer (today it sends one at a time).
+    p.insert("worker: read case".into(), read * 1e6);
     if draw > 0.0 {
         p.insert("worker: draw values".into(), draw * 1e6);
     }

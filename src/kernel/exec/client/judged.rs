@@ -13,6 +13,13 @@ use crate::kernel::{
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
+/// A request whose inputs are in its output's region, ready to send.
+pub(super) struct Prepared {
+    pub req: RunRequest,
+    /// Seconds the inputs took to write.
+    pub written: f64,
+}
+
 /// A worker's answer to one request.
 pub(super) struct Answer {
     pub info: RunInfo,
@@ -68,6 +75,13 @@ impl ExecKernel {
         out: &mut OutputBuffer,
     ) -> Result<JudgedRun, RunError> {
         self.judges_on_device().map_err(RunError::Environment)?;
+        let prepared = self
+            .prepare_in_place(case, out, false, Some(req))
+            .ok_or_else(|| {
+                RunError::Environment(
+                    "the output of a case judged on the device must be in shared memory".into(),
+                )
+            })?;
         let t0 = Instant::now();
         let k = self.take_slot();
         let waited = t0.elapsed();
@@ -84,13 +98,7 @@ impl ExecKernel {
                     )));
                 }
                 let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-                self.run_in_place(&mut slot, id, case, out, false, Some(req))
-                    .unwrap_or_else(|| {
-                        Err(RunError::Environment(
-                            "the output of a case judged on the device must be in shared memory"
-                                .into(),
-                        ))
-                    })
+                self.send_prepared(&mut slot, id, prepared, out)
             })()
         };
         self.give_slot(k);
@@ -109,17 +117,17 @@ impl ExecKernel {
     }
 
     /// Protocol 2 with `out` in a region of the pool (`None` otherwise): the inputs are
-    /// written beside it and the worker writes the output in place (or, with `judge`,
-    /// judges it on its device and writes it only when the judgement says so).
-    pub(super) fn run_in_place(
+    /// written beside it, before a worker is taken (so no worker waits while they are
+    /// written), and the request to send is returned; the worker will write the output
+    /// in place (or, with `judge`, judge it on its device and write it only when the
+    /// judgement says so).
+    pub(super) fn prepare_in_place(
         &self,
-        slot: &mut Slot,
-        id: u64,
         case: &Case,
         out: &mut OutputBuffer,
         poisoned: bool,
         judge: Option<&DeviceJudgeRequest>,
-    ) -> Option<Result<Answer, RunError>> {
+    ) -> Option<Prepared> {
         let pool = self.outputs.as_ref()?;
         let storage = out
             .shared_storage_mut()
@@ -132,21 +140,40 @@ impl ExecKernel {
             .region_mut()
             .write(&layout, &protocol::wire_inputs(case, &ints));
         let written = t0.elapsed().as_secs_f64();
-        let mut req = RunRequest::new(id, case, Transport::Shm(layout));
+        // The id is set when it is sent.
+        let mut req = RunRequest::new(0, case, Transport::Shm(layout));
         req.logits_poisoned = poisoned;
         req.kv_values = ints.drawn();
         req.judge = judge.cloned();
-        let result = self.exchange(slot, &req);
+        Some(Prepared { req, written })
+    }
+
+    /// Sends a prepared request (as request `id`) to `slot`'s worker and waits for the
+    /// answer; a worker that crashed mid-case taints the region (not reused).
+    pub(super) fn send_prepared(
+        &self,
+        slot: &mut Slot,
+        id: u64,
+        mut p: Prepared,
+        out: &mut OutputBuffer,
+    ) -> Result<Answer, RunError> {
+        p.req.id = id;
+        let result = self.exchange(slot, &p.req);
         if let Err(RunError::Crash(_)) = &result {
             // The worker was killed or shut down mid-case: its region is not reused, in
             // case it was still writing.
-            storage.tainted = true;
+            if let Some(storage) = out
+                .shared_storage_mut()
+                .and_then(|s| s.as_any_mut().downcast_mut::<RegionOutput>())
+            {
+                storage.tainted = true;
+            }
         }
-        Some(result.map(|mut a| {
+        result.map(|mut a| {
             a.info
                 .phases
-                .insert("harness: write inputs".into(), written);
+                .insert("harness: write inputs".into(), p.written);
             a
-        }))
+        })
     }
 }
