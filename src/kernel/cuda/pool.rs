@@ -25,6 +25,7 @@ use super::compile::Program;
 use super::device::{Gpu, GpuFailure};
 use super::memory::{failure, launch};
 use super::sys::{AddressRange, DeviceMemory, PhysicalMemory};
+use std::ops::Range;
 
 /// Unmapped addresses below each buffer: more than a 32-bit element offset gone
 /// negative reaches (2^31 f32 elements = 8 GiB).
@@ -223,7 +224,7 @@ impl Region {
             return Ok(());
         };
         let n = self.chunks_for(s.end).min(self.mapped);
-        if s.clean && self.tags[..n].iter().all(|t| *t == Some(s.tag)) {
+        if restorable(s.clean, &self.tags[..n], s.tag) {
             let t = s.tag;
             let end = s.end.min(self.mapped_bytes());
             // Only the blocks' own bytes were written (values, then scales); their
@@ -240,40 +241,79 @@ impl Region {
     }
 
     /// Makes the mapped chunks hold `tag`'s poison, rewriting only what differs from
-    /// what each holds; returns the bytes written.
+    /// what each holds ([`plan`]); returns the bytes written.
     fn poison(&mut self, gpu: &mut Gpu, tag: PoisonTag) -> Result<u64, GpuFailure> {
         let mut written = 0u64;
-        let mut i = 0;
-        // Each run of chunks that hold the same thing, in one launch.
-        while i < self.mapped {
-            let held = self.tags[i];
-            let mut j = i + 1;
-            while j < self.mapped && self.tags[j] == held {
-                j += 1;
-            }
-            let span = (i as u64 * self.chunk, j as u64 * self.chunk);
-            let slots = (tag.values_end, tag.scales_end);
-            match held {
-                Some(h) if h == tag => {}
-                Some(h) if h.nan_word == tag.nan_word => {
-                    // Same fp8 NaN code: the old scale slots become NaN codes, then the
-                    // new ones NaN scales.
+        let slots = (tag.values_end, tag.scales_end);
+        for (run, rewrite) in plan(&self.tags[..self.mapped], tag) {
+            let span = (run.start as u64 * self.chunk, run.end as u64 * self.chunk);
+            match rewrite {
+                Rewrite::Nothing => {}
+                Rewrite::Slots(h) => {
                     self.span(gpu, span, h, (h.values_end, h.scales_end), (0, 0), (0, 0))?;
                     self.span(gpu, span, tag, slots, slots, (0, 0))?;
-                    let bytes =
-                        |t: PoisonTag| (span.1 - span.0) / t.stride * (t.scales_end - t.values_end);
-                    written += bytes(h) + bytes(tag);
                 }
-                _ => {
+                Rewrite::Full => {
                     self.span(gpu, span, tag, (0, tag.stride), slots, (0, 0))?;
-                    written += span.1 - span.0;
                 }
             }
-            self.tags[i..j].iter_mut().for_each(|t| *t = Some(tag));
-            i = j;
+            written += rewrite.bytes(span.1 - span.0, tag);
+            self.tags[run].iter_mut().for_each(|t| *t = Some(tag));
         }
         Ok(written)
     }
+}
+
+/// What a run of chunks needs to hold a tag's poison.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rewrite {
+    /// Nothing: it holds that poison already.
+    Nothing,
+    /// It holds another geometry's poison of the same fp8 NaN code (this one): that
+    /// geometry's scale slots become NaN codes, then the new ones NaN scales.
+    Slots(PoisonTag),
+    /// Every byte: unknown contents or another format.
+    Full,
+}
+
+impl Rewrite {
+    /// Bytes written over `bytes` of cache to reach `tag`'s poison.
+    pub fn bytes(self, bytes: u64, tag: PoisonTag) -> u64 {
+        let slots = |t: PoisonTag| bytes / t.stride * (t.scales_end - t.values_end);
+        match self {
+            Rewrite::Nothing => 0,
+            Rewrite::Slots(old) => slots(old) + slots(tag),
+            Rewrite::Full => bytes,
+        }
+    }
+}
+
+/// The runs of consecutive chunks that hold the same thing (`held[i]`: chunk i's
+/// poison, `None` unknown), each with what it needs to hold `tag`'s poison: one launch
+/// or two per run.
+pub fn plan(held: &[Option<PoisonTag>], tag: PoisonTag) -> Vec<(Range<usize>, Rewrite)> {
+    let mut runs = Vec::new();
+    let mut i = 0;
+    while i < held.len() {
+        let j = held[i..]
+            .iter()
+            .position(|t| *t != held[i])
+            .map_or(held.len(), |n| i + n);
+        let rewrite = match held[i] {
+            Some(h) if h == tag => Rewrite::Nothing,
+            Some(h) if h.nan_word == tag.nan_word => Rewrite::Slots(h),
+            _ => Rewrite::Full,
+        };
+        runs.push((i..j, rewrite));
+        i = j;
+    }
+    runs
+}
+
+/// Whether the last case's stored blocks may simply be poisoned again: its run left the
+/// rest of the pool intact and every chunk it had mapped still holds its poison.
+fn restorable(clean: bool, held: &[Option<PoisonTag>], tag: PoisonTag) -> bool {
+    clean && held.iter().all(|t| *t == Some(tag))
 }
 
 impl Drop for Region {
@@ -453,5 +493,75 @@ impl Drop for Lease {
         a.kv = Some(kv);
         a.out = Some(out);
         a.lent = false;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tag(nan_word: u32, stride: u64, block_size: u64) -> PoisonTag {
+        let values_end = block_size * 128;
+        PoisonTag {
+            nan_word,
+            stride,
+            values_end,
+            scales_end: values_end + 4 * block_size,
+        }
+    }
+
+    const FN: u32 = 0x7F7F_7F7F;
+    const FNUZ: u32 = 0x8080_8080;
+
+    #[test]
+    fn chunks_holding_the_same_poison_are_one_run_and_each_run_gets_the_least_rewrite() {
+        let want = tag(FN, 8448, 64);
+        let other_stride = tag(FN, 1_002_240, 64);
+        let fnuz = tag(FNUZ, 8448, 64);
+        let held = [
+            Some(want),
+            Some(want),
+            Some(other_stride),
+            None,
+            None,
+            Some(fnuz),
+            Some(want),
+        ];
+        assert_eq!(
+            plan(&held, want),
+            vec![
+                (0..2, Rewrite::Nothing),
+                (2..3, Rewrite::Slots(other_stride)),
+                (3..5, Rewrite::Full),
+                (5..6, Rewrite::Full),
+                (6..7, Rewrite::Nothing),
+            ]
+        );
+        assert!(plan(&[], want).is_empty());
+    }
+
+    #[test]
+    fn a_slot_rewrite_writes_both_geometries_scale_slots_and_no_more() {
+        let want = tag(FN, 8448, 64);
+        let old = tag(FN, 2112, 16);
+        let chunk = 256u64 << 20;
+        let written = Rewrite::Slots(old).bytes(chunk, want);
+        // 256 B of scales per 8,448 B block, 64 B per 2,112 B block: ~6% of the chunk.
+        assert_eq!(written, chunk / 2112 * 64 + chunk / 8448 * 256);
+        assert!(written < chunk / 16);
+        assert_eq!(Rewrite::Full.bytes(chunk, want), chunk);
+        assert_eq!(Rewrite::Nothing.bytes(chunk, want), 0);
+    }
+
+    #[test]
+    fn stored_blocks_are_restored_only_after_a_clean_run_over_chunks_still_holding_their_poison() {
+        let t = tag(FN, 8448, 64);
+        assert!(restorable(true, &[Some(t), Some(t)], t));
+        assert!(
+            !restorable(false, &[Some(t), Some(t)], t),
+            "the run wrote into the pool"
+        );
+        assert!(!restorable(true, &[Some(t), None], t));
+        assert!(!restorable(true, &[Some(tag(FNUZ, 8448, 64))], t));
     }
 }
