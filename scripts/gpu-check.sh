@@ -53,7 +53,9 @@
 # Output: every check prints what it finds; logs, reports and saved cases go under $OUT
 # (default: a new temporary directory, printed). Knobs: CASES, REFERENCE_CASES, GENERATOR_CASES, JUDGE_CASES, PROFILE,
 # RUN_BUDGET, BUG_BUDGET (quick); BUDGET, SEED, OLD_BIN (production); KERNELS (deepgemm);
-# BUDGET, SEED, OLD_BIN, OLD_ADAPTERS, PROFILES, TILED_BUDGET (0: none), TILED_PROFILES (speed);
+# BUDGET, SEED, OLD_BIN, OLD_ADAPTERS, PROFILES, TILED_BUDGET (0: none), TILED_PROFILES, TILED_ARGS
+# (speed; session 11's device-path comparison: PROFILES=none TILED_BUDGET=30 SEED=11
+# TILED_PROFILES="production all" TILED_ARGS="--repeat 1 --batch-invariance off");
 # TORCH=0 skips the torch campaigns.
 set -u
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -332,9 +334,13 @@ check_speed() {
     done
     local tt=${TILED_BUDGET:-45}
     if [ "$tt" != 0 ]; then
+        # TILED_ARGS: more `run` arguments, e.g. "--repeat 1 --batch-invariance off" to
+        # time the case path without the property re-runs.
         for p in ${TILED_PROFILES:-all}; do
-            [ -x "$old" ] && BIN="$old" campaign "speed-old-tiled-$p" --kernel cuda:tiled --profile "$p" --budget "$tt" --seed "$seed"
-            campaign "speed-new-tiled-$p" --kernel cuda:tiled --profile "$p" --budget "$tt" --seed "$seed"
+            # shellcheck disable=SC2086
+            [ -x "$old" ] && BIN="$old" campaign "speed-old-tiled-$p" --kernel cuda:tiled --profile "$p" --budget "$tt" --seed "$seed" ${TILED_ARGS:-}
+            # shellcheck disable=SC2086
+            campaign "speed-new-tiled-$p" --kernel cuda:tiled --profile "$p" --budget "$tt" --seed "$seed" ${TILED_ARGS:-}
         done
     fi
     "$B" bench judge 2>&1 | tee "$W/logs/bench-judge.log"
