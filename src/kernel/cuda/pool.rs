@@ -143,13 +143,8 @@ impl Region {
             self.mapped = want;
         }
         while self.chunks.len() < want {
-            let mem = PhysicalMemory::create(self.device, self.chunk).map_err(|e| {
-                if e.contains("OUT_OF_MEMORY") {
-                    GpuFailure::OutOfMemory(format!("a {} MiB chunk: {e}", self.chunk >> 20))
-                } else {
-                    GpuFailure::Fault(e)
-                }
-            })?;
+            let mem = PhysicalMemory::create(self.device, self.chunk)
+                .map_err(|e| failure(format!("a {} MiB chunk: {e}", self.chunk >> 20)))?;
             self.chunks.push(mem);
             self.tags.push(None);
         }

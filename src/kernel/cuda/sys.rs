@@ -174,7 +174,7 @@ impl DeviceMemory {
     }
 }
 
-/// A byte range inside a live [`DeviceMemory`] (an arena's allocation lent to a case).
+/// A byte range of live device memory (a region's mapped chunks lent to a case).
 #[derive(Clone, Copy, Debug)]
 pub struct DeviceSpan {
     pub ptr: u64,
@@ -182,18 +182,6 @@ pub struct DeviceSpan {
 }
 
 impl DeviceSpan {
-    /// `bytes` bytes of `mem` from byte `offset`.
-    pub fn of(mem: &DeviceMemory, offset: u64, bytes: u64) -> DeviceSpan {
-        assert!(
-            offset + bytes <= mem.bytes.max(16),
-            "span past the allocation"
-        );
-        DeviceSpan {
-            ptr: mem.ptr + offset,
-            bytes,
-        }
-    }
-
     pub fn upload<T: Copy>(&self, offset: u64, src: &[T]) -> Result<(), DeviceError> {
         let n = std::mem::size_of_val(src) as u64;
         assert!(offset + n <= self.bytes, "upload past the span");

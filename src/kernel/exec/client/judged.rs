@@ -129,10 +129,7 @@ impl ExecKernel {
         judge: Option<&DeviceJudgeRequest>,
     ) -> Option<Prepared> {
         let pool = self.outputs.as_ref()?;
-        let storage = out
-            .shared_storage_mut()
-            .and_then(|s| s.as_any_mut().downcast_mut::<RegionOutput>())
-            .filter(|r| r.is_from(pool))?;
+        let storage = region_output(out).filter(|r| r.is_from(pool))?;
         let t0 = Instant::now();
         let ints = protocol::WireInts::with(case, self.hello.draws_values);
         let layout = storage.layout.clone();
@@ -162,10 +159,7 @@ impl ExecKernel {
         if let Err(RunError::Crash(_)) = &result {
             // The worker was killed or shut down mid-case: its region is not reused, in
             // case it was still writing.
-            if let Some(storage) = out
-                .shared_storage_mut()
-                .and_then(|s| s.as_any_mut().downcast_mut::<RegionOutput>())
-            {
+            if let Some(storage) = region_output(out) {
                 storage.tainted = true;
             }
         }
@@ -176,4 +170,10 @@ impl ExecKernel {
             a
         })
     }
+}
+
+/// The shared region an output buffer lives in, if it lives in one.
+fn region_output(out: &mut OutputBuffer) -> Option<&mut RegionOutput> {
+    out.shared_storage_mut()
+        .and_then(|s| s.as_any_mut().downcast_mut::<RegionOutput>())
 }
