@@ -54,12 +54,26 @@ fn served_kernel_matches_over(protocol: u64) {
     let direct = kernel::open("cpu:chunked").unwrap();
     assert_eq!(k.capabilities(), direct.capabilities());
     assert_eq!(k.preferred_jobs(), 1);
-    for case in cases() {
+    for (n, case) in cases().into_iter().enumerate() {
         let mut a = OutputBuffer::for_case(&case);
         let mut b = OutputBuffer::for_case(&case);
         let info = k.run(&case, &mut a).unwrap();
         direct.run(&case, &mut b).unwrap();
         assert!(info.kernel_time.is_some());
+        // A worker's first case has its phases named apart (what a life pays once).
+        let first = mqa_fuzz::kernel::exec::server::FIRST_CASE;
+        let marked = info.phases.keys().filter(|p| p.ends_with(first)).count();
+        let worker = info
+            .phases
+            .keys()
+            .filter(|p| !p.starts_with("harness:"))
+            .count();
+        let expected = if n == 0 { worker } else { 0 };
+        assert!(worker > 0 && marked == expected, "{n}: {info:?}");
+        assert!(info
+            .phases
+            .keys()
+            .any(|p| p.starts_with("worker: read case")));
         let (ra, rb) = (a.raw().0, b.raw().0);
         assert!(
             ra.iter().zip(rb).all(|(x, y)| x.to_bits() == y.to_bits()),

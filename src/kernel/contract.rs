@@ -402,6 +402,11 @@ pub trait Kernel: Send + Sync {
     fn compile_key(&self) -> &[CompileField] {
         &[]
     }
+    /// Whether the kernel's device is lost for this process (a fault left its context
+    /// unusable): a worker serving it stops after answering, so a fresh one follows.
+    fn lost(&self) -> bool {
+        false
+    }
     /// Its worker processes, for kernels that run in them.
     fn worker_report(&self) -> Option<WorkerReport> {
         None

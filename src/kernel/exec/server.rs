@@ -12,7 +12,7 @@ use crate::case::Case;
 use crate::error::{exit, Fatal};
 use crate::kernel::{Kernel, OpenError, OutputBuffer, RunError};
 use std::collections::BTreeMap;
-use std::io::{BufRead, Write};
+use std::io::{BufRead, Read, Write};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
@@ -115,6 +115,29 @@ pub fn serve(
         draws_values: true,
         judges_on_device: k.device_judge().is_ok(),
     };
+    serve_on(
+        k.as_ref(),
+        hello,
+        Box::new(std::io::stdin()),
+        &mut out,
+        fault,
+    )
+}
+
+/// Sends `hello`, then answers the requests read from `input` on `out` until `input`
+/// closes (exit status 0) or the kernel's device is lost to a fault (after answering
+/// that request: [`FAULTED_STATUS`]). `mqa-fuzz worker` serves stdin/stdout; a
+/// process hosting this crate ([`crate::hosted`]) serves the pipes it was given.
+pub fn serve_on(
+    k: &dyn Kernel,
+    hello: Hello,
+    input: Box<dyn Read + Send>,
+    out: &mut dyn Write,
+    fault: Option<Fault>,
+) -> Result<i32, Fatal> {
+    let mut out = out;
+    let io =
+        |e: std::io::Error| Fatal::environment(format!("worker: cannot write its answers: {e}"));
     send(&mut out, &WorkerLine::Hello(Box::new(hello))).map_err(io)?;
     // Requests are read (parsed, and their case read out of the region) by a thread of
     // their own, one ahead: a request sent before the answer to the one running is read
@@ -123,7 +146,7 @@ pub fn serve(
     let (tx, rx) = std::sync::mpsc::sync_channel::<Incoming>(1);
     std::thread::Builder::new()
         .name("worker-reader".into())
-        .spawn(move || read_requests(tx))
+        .spawn(move || read_requests(tx, input))
         .map_err(|e| Fatal::environment(format!("worker: cannot start its reader: {e}")))?;
     let mut served = 0u64;
     for incoming in rx {
@@ -178,7 +201,10 @@ pub fn serve(
             }
             _ => {}
         }
-        let mut reply = answer(k.as_ref(), &req, read, read_secs);
+        let mut reply = answer(k, &req, read, read_secs);
+        if served == 1 {
+            mark_first_case(&mut reply);
+        }
         if fault == Some(Fault::WrongIdAt(served)) {
             if let WorkerLine::Result { id, .. } | WorkerLine::Error { id: Some(id), .. } =
                 &mut reply
@@ -187,9 +213,31 @@ pub fn serve(
             }
         }
         send(&mut out, &reply).map_err(io)?;
+        if k.lost() {
+            eprintln!("mqa-fuzz worker: the device was lost to a fault; stopping so a fresh worker takes the next case");
+            return Ok(FAULTED_STATUS);
+        }
     }
     Ok(exit::CLEAN)
 }
+
+/// Names the phases of a worker's first case apart (`launch [first case of a worker]`):
+/// what a worker life pays once (modules loaded, a library's JIT cache read, memory
+/// mapped) shows apart from the steady cost, and a campaign with many restarts says so.
+fn mark_first_case(reply: &mut WorkerLine) {
+    if let WorkerLine::Result { phases_us, .. } = reply {
+        *phases_us = std::mem::take(phases_us)
+            .into_iter()
+            .map(|(k, v)| (format!("{k} {FIRST_CASE}"), v))
+            .collect();
+    }
+}
+
+/// The suffix of a first case's phase names ([`mark_first_case`]).
+pub const FIRST_CASE: &str = "[first case of a worker]";
+
+/// A server's status after its kernel's device was lost to a fault (EX_SOFTWARE).
+pub const FAULTED_STATUS: i32 = 70;
 
 /// A request and its case, read out of its region (or why not).
 struct ReadRequest {
@@ -212,7 +260,7 @@ enum Incoming {
 
 /// The reader thread: every line of stdin made into an [`Incoming`] until stdin closes
 /// (or the serving loop is gone).
-fn read_requests(tx: std::sync::mpsc::SyncSender<Incoming>) {
+fn read_requests(tx: std::sync::mpsc::SyncSender<Incoming>, input: Box<dyn Read + Send>) {
     // Protocol 2: the client's regions, each mapped once and again only when it grows.
     let mut regions: Vec<Arc<SharedRegion>> = Vec::new();
     // Decoding a request's tables runs on half the cores, so the serving loop (which
@@ -223,9 +271,9 @@ fn read_requests(tx: std::sync::mpsc::SyncSender<Incoming>) {
         .thread_name(|i| format!("worker-reader-{i}"))
         .build()
         .ok();
-    for line in std::io::stdin().lock().lines() {
+    for line in std::io::BufReader::new(input).lines() {
         let incoming = match line {
-            Err(e) => Incoming::Unreadable(format!("worker: cannot read stdin: {e}")),
+            Err(e) => Incoming::Unreadable(format!("worker: cannot read its requests: {e}")),
             Ok(line) if line.trim().is_empty() => continue,
             Ok(line) => match serde_json::from_str::<RunRequest>(&line) {
                 Err(e) => Incoming::Bad {
