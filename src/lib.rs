@@ -15,6 +15,7 @@ pub mod finding;
 pub mod fp8;
 pub mod generate;
 pub mod harness;
+pub mod hosted;
 pub mod interrupt;
 pub mod kernel;
 pub mod oracle;

@@ -713,3 +713,76 @@ pc.serve_forking(setup)
     assert!(judge_once(&k, &case).is_clean());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `libmqa_fuzz.so` as `cargo` built it beside the binary (what mqa-fuzz hands its
+/// adapters as `MQA_FUZZ_HOSTED_LIB`).
+fn hosted_library() -> std::path::PathBuf {
+    let lib = std::path::Path::new(env!("CARGO_BIN_EXE_mqa-fuzz"))
+        .parent()
+        .unwrap()
+        .join("libmqa_fuzz.so");
+    assert!(lib.is_file(), "{} was not built", lib.display());
+    lib
+}
+
+/// The hosted path's Python half (`hosted.py`) against the real library, without a GPU:
+/// the ctypes mirror of the call has the library's layout (the numbers of
+/// `kernel::cuda::hosted`'s layout test), a library of another ABI or a CPU device is
+/// refused with the reason, and the library's server, handed pipes on a machine
+/// without a usable GPU, answers with one environment error line and status 3.
+#[test]
+fn the_hosted_path_loads_the_library_and_refuses_clearly_without_a_gpu() {
+    require_python!("numpy");
+    let gpu = mqa_fuzz::kernel::cuda::device::availability().is_ok();
+    let script = r#"
+import ctypes, json, os, sys
+sys.path.insert(0, os.environ["ADAPTERS"])
+import hosted, protocol_common as pc
+H = hosted.HostedCall
+assert ctypes.sizeof(hosted.Params) == 128, ctypes.sizeof(hosted.Params)
+assert (H.num_blocks.offset, H.kernel_us.offset, H.message.offset, ctypes.sizeof(H)) == (128, 144, 152, 2200)
+lib, why = hosted.library()
+assert lib is not None, why
+class Dev: type = "cpu"
+assert "not a CUDA GPU" in hosted.wanted(Dev, None)[1]
+os.environ["MQA_FUZZ_HOSTED"] = "on"
+try:
+    hosted.wanted(Dev, None)
+    raise SystemExit("MQA_FUZZ_HOSTED=on with a CPU device was not refused")
+except pc.Environment as e:
+    assert "MQA_FUZZ_HOSTED=on" in str(e), e
+os.environ["MQA_FUZZ_HOSTED"] = "off"
+assert hosted.library() == (None, "MQA_FUZZ_HOSTED=off")
+os.environ["MQA_FUZZ_HOSTED"] = "auto"
+hosted.ABI = 99
+assert "ABI 1" in hosted.library()[1]
+hosted.ABI = 1
+if os.environ["GPU"] == "0":
+    r_in, w_in = os.pipe()
+    r_out, w_out = os.pipe()
+    os.close(w_in)
+    calls = []
+    LAUNCH = hosted.LAUNCH(lambda c: calls.append(c) or 0)
+    hello = json.dumps({"name": "x", "library": "y", "version": "1", "device": "d", "capabilities": pc.capabilities()}).encode()
+    code = lib.mqa_fuzz_hosted_serve(r_in, w_out, hello, None, LAUNCH)
+    os.close(w_out)
+    line = json.loads(os.read(r_out, 1 << 16).decode().splitlines()[0])
+    assert code == 3, code
+    assert line["type"] == "error" and line["kind"] == "environment", line
+    assert "CUDA" in line["message"] or "GPU" in line["message"] or "NVRTC" in line["message"], line
+    assert not calls
+print("ok")
+"#;
+    let out = Command::new("python3")
+        .args(["-c", script])
+        .env("ADAPTERS", format!("{FAKES}/.."))
+        .env("MQA_FUZZ_HOSTED_LIB", hosted_library())
+        .env("GPU", if gpu { "1" } else { "0" })
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "ok",
+        "{stderr}"
+    );
+}

@@ -14,6 +14,11 @@ poisons that allocation first (a freed poisoned block of the same size is what t
 caching allocator hands back), so unwritten positions stay detectable, then copies the
 ``[rows, max_model_len]`` result into the guarded buffer.
 
+With ``libmqa_fuzz.so`` beside the ``mqa-fuzz`` binary (``MQA_FUZZ_HOSTED``, hosted.py) the
+adapter is served hosted: mqa-fuzz lays the case out on the device in this process,
+checks and judges it there, and the adapter only calls DeepGEMM and copies its result
+into the poisoned output (device to device).
+
     mqa-fuzz replay corpus/*.json --kernel deepgemm
 """
 
@@ -91,41 +96,56 @@ def main():
                  "compile_key": ["heads", "head_dim", "next_n"]}
         num_sms = deep_gemm.get_num_sms()
 
+        def library_call(q, kv, w, lens, table, block_size, kv_block_stride, rows, max_model_len):
+            """DeepGEMM on tensors already on the device: ``(logits, microseconds)``."""
+            if w.stride(0) * 4 % 16:
+                raise pc.Skipped("weights rows must be 16-byte aligned (H multiple of 4)")
+            if kv_block_stride % 16:
+                # DeepGEMM builds TMA descriptors over the cache and asserts
+                # num_gmem_stride_1_bytes % 16 == 0 (a RuntimeError, not a fault): an input
+                # it documents it cannot take, so a skip with the reason, not a finding.
+                raise pc.Skipped("DeepGEMM's TMA descriptors need a 16-byte aligned KV block stride")
+            meta = deep_gemm.get_paged_mqa_logits_metadata(lens, block_size, num_sms)
+            # Poison the block DeepGEMM's torch.empty will receive.
+            aligned = -(-max_model_len // 256) * 256
+            pre = torch.full((rows * aligned,), float(tc.poison_f32()), dtype=torch.float32, device=dev)
+            pre_ptr = pre.data_ptr()
+            del pre
+            if api == "fp8_fp4":
+                call = lambda: deep_gemm.fp8_fp4_paged_mqa_logits((q, None), kv, w, lens, table, meta, max_model_len)  # noqa: E731
+            else:
+                call = lambda: deep_gemm.fp8_paged_mqa_logits(q, kv, w, lens, table, meta, max_model_len, args.clean_logits)  # noqa: E731
+            logits, us = tc.timed(dev, call)
+            if logits.data_ptr() != pre_ptr:
+                print("note: DeepGEMM's output is not the pre-poisoned block: unwritten positions hold stale data",
+                      file=sys.stderr, flush=True)
+            return logits, us
+
+        def launch(c):
+            """Hosted (hosted.py): the case is on the device already, checked and judged
+            there by mqa-fuzz; only DeepGEMM's call and the copy of its result are here."""
+            lens = c.lens_per_token() if api == "fp8_fp4" else c.lens()
+            logits, us = library_call(c.q(torch.float8_e4m3fn), c.kv_cache(), c.weights(), lens, c.table(),
+                                      c.block_size, c.kv_block_stride, c.rows, c.max_model_len)
+            c.out().copy_(logits[:, :c.max_model_len])
+            return us
+
         def run(case):
             tc.reset_peak(dev)
             q, w, lens, table = tc.inputs(case, dev)
             if api == "fp8_fp4":
                 lens = torch.from_numpy(tc.lens_2d(case)).to(dev)
             flat, kv = tc.kv_cache(case, dev)
-            if w.stride(0) * 4 % 16:
-                raise pc.Skipped("weights rows must be 16-byte aligned (H multiple of 4)")
-            if case.kv_block_stride % 16:
-                # DeepGEMM builds TMA descriptors over the cache and asserts
-                # num_gmem_stride_1_bytes % 16 == 0 (a RuntimeError, not a fault): an input
-                # it documents it cannot take, so a skip with the reason, not a finding.
-                raise pc.Skipped("DeepGEMM's TMA descriptors need a 16-byte aligned KV block stride")
             before = tc.checksum(q, w, lens, table, flat)
-            meta = deep_gemm.get_paged_mqa_logits_metadata(lens, case.block_size, num_sms)
-            # Poison the block DeepGEMM's torch.empty will receive.
-            aligned = -(-case.max_model_len // 256) * 256
-            pre = torch.full((case.rows * aligned,), float(tc.poison_f32()), dtype=torch.float32, device=dev)
-            pre_ptr = pre.data_ptr()
-            del pre
-            if api == "fp8_fp4":
-                call = lambda: deep_gemm.fp8_fp4_paged_mqa_logits((q, None), kv, w, lens, table, meta, case.max_model_len)  # noqa: E731
-            else:
-                call = lambda: deep_gemm.fp8_paged_mqa_logits(q, kv, w, lens, table, meta, case.max_model_len, args.clean_logits)  # noqa: E731
-            logits, us = tc.timed(dev, call)
-            if logits.data_ptr() != pre_ptr:
-                print("note: DeepGEMM's output is not the pre-poisoned block: unwritten positions hold stale data",
-                      file=sys.stderr, flush=True)
+            logits, us = library_call(q, kv, w, lens, table, case.block_size, case.kv_block_stride,
+                                      case.rows, case.max_model_len)
             after = tc.checksum(q, w, lens, table, flat)
             interior = case.interior()
             interior[:, :case.max_model_len] = logits.float().cpu().numpy()
             if before != after:
                 tc.forget_cache()  # the kernel wrote into its inputs: poison all again
             return {"kernel_time_us": us, "inputs_intact": before == after, "device_bytes": tc.device_bytes(dev)}
-        return hello, run
+        return hello, run, (dev, launch)
 
     pc.serve_forking(setup, args.fault, out)
 

@@ -462,8 +462,12 @@ def serve_forking(setup, fault_spec=None, out=None):
     every life."""
     proto = out or protocol_stdout()
     if os.environ.get("MQA_FUZZ_FORK_SERVER") != "1":
-        hello, run = _setup_or_refuse(setup, proto)
-        return serve(hello, run, fault_spec, out=proto)
+        served = _setup_or_refuse(setup, proto)
+        code = _serve_set_up(served, fault_spec, proto, sys.stdin)
+        if code:
+            sys.stderr.flush()
+            os._exit(code)  # a device fault: no teardown of a lost context
+        return None
     import select
     send(proto, {"type": "fork_server", "protocol": chosen_protocol(), "pid": os.getpid()})
     lives, pending = {}, b""
@@ -534,9 +538,8 @@ def _life(msg, server_proto, setup, fault_spec):
         os.close(fd_in)
         out = os.fdopen(fd_out, "w", buffering=1)
         inp = os.fdopen(0, "r", closefd=False)
-        hello, run = _setup_or_refuse(setup, out)
-        serve(hello, run, fault_spec, out=out, inp=inp)
-        code = 0
+        served = _setup_or_refuse(setup, out)
+        code = _serve_set_up(served, fault_spec, out, inp)
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 1
     except BaseException:  # noqa: BLE001 - a life never returns into the server loop
@@ -544,6 +547,28 @@ def _life(msg, server_proto, setup, fault_spec):
     finally:
         sys.stderr.flush()
         os._exit(code)
+
+
+def _serve_set_up(served, fault_spec, out, inp):
+    """Serves what ``setup`` returned: ``(hello, run)``, or ``(hello, run, (device,
+    launch))`` from an adapter that can also be served hosted (``hosted.py``): mqa-fuzz's
+    own worker loop then lays cases out and judges on the device, and ``launch`` only
+    runs the kernel. Returns the exit status."""
+    hello, run = served[0], served[1]
+    if len(served) > 2 and served[2] is not None:
+        import hosted
+        dev, launch = served[2]
+        try:
+            lib, why = hosted.wanted(dev, fault_spec)
+        except Environment as e:
+            refuse("environment", str(e), out)
+        if lib is not None:
+            out.flush()
+            return hosted.serve(lib, hello, launch, inp.fileno(), out.fileno(), fault_spec)
+        print(f"note: {hello.get('name')}: served over the plain protocol, not hosted: {why}",
+              file=sys.stderr, flush=True)
+    serve(hello, run, fault_spec, out=out, inp=inp)
+    return 0
 
 
 def _setup_or_refuse(setup, out=None):

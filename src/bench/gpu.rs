@@ -532,9 +532,7 @@ fn bench_one(label: &str, case: &Case, cfg: &OracleConfig) -> Result<bool, Strin
         }
         Ok((kt, upload, tunings, verify_wall, default_tuning))
     })
-    .map_err(|e| match e {
-        GpuFailure::Environment(m) | GpuFailure::Fault(m) | GpuFailure::OutOfMemory(m) => m,
-    })?;
+    .map_err(GpuFailure::message)?;
     let ks = kt.as_secs_f64();
     line(format!(
         "{label}: {tokens} tokens, {valid} logits, {:.1} GFLOP, {:.0} MB of KV; upload {:.1} ms",

@@ -120,6 +120,30 @@ pub enum GpuFailure {
     Fault(String),
     /// Not enough device memory for the case.
     OutOfMemory(String),
+    /// A hosted library kernel declined the case (an input it documents it cannot take).
+    Skipped(String),
+    /// A hosted library kernel raised an error and the context still works: this case's
+    /// crash, not the process's.
+    Raised(String),
+}
+
+impl GpuFailure {
+    /// The message, whatever the kind.
+    pub fn message(self) -> String {
+        match self {
+            GpuFailure::Environment(m)
+            | GpuFailure::Fault(m)
+            | GpuFailure::OutOfMemory(m)
+            | GpuFailure::Skipped(m)
+            | GpuFailure::Raised(m) => m,
+        }
+    }
+}
+
+/// Whether a kernel fault has made this process's CUDA context unusable (a hosted
+/// server then stops after answering, so its host exits and a fresh worker follows).
+pub fn faulted() -> bool {
+    FAULTED.load(std::sync::atomic::Ordering::SeqCst)
 }
 
 /// Runs `f` with exclusive use of the process's GPU (device 0 of the visible ones),

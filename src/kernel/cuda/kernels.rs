@@ -4,14 +4,15 @@
 
 use super::compile::{Defines, Program};
 use super::device::{with_gpu, Gpu, GpuFailure};
+use super::hosted::{status, HostedCall, HostedLaunch};
 use super::memory::{failure, launch, DeviceCase, Params};
 use super::sys::{DeviceMemory, Timer};
 use crate::case::{Case, ScalePlacement};
 use crate::fp8::Fp8Format;
 use crate::kernel::Plant;
 use crate::kernel::{
-    Accumulation, BlockSizes, Capabilities, DeviceJudgeRequest, JudgedRun, Kernel, OutputBuffer,
-    OutsideContract, RunError, RunInfo,
+    Accumulation, BlockSizes, Capabilities, CompileField, DeviceJudgeRequest, JudgedRun, Kernel,
+    OutputBuffer, OutsideContract, RunError, RunInfo,
 };
 use std::time::Duration;
 
@@ -33,6 +34,9 @@ pub enum Variant {
     /// `cuda:tiled` with two planted bugs at once (`bug-A+B`): each is a define of its
     /// own line of `tiled.cu`, so they compose. Opened by name; not listed.
     TiledTwo(Plant, Plant),
+    /// A library's kernel launched by the process hosting this crate ([`super::hosted`]).
+    /// Never opened by name: the host's entry point ([`crate::hosted`]) builds it.
+    Hosted(HostedLaunch),
 }
 
 impl Variant {
@@ -42,6 +46,7 @@ impl Variant {
             Variant::Tiled(None) => "tiled".into(),
             Variant::Tiled(Some(p)) => format!("bug-{}", p.name()),
             Variant::TiledTwo(a, b) => format!("bug-{}+{}", a.name(), b.name()),
+            Variant::Hosted(_) => "hosted".into(),
         }
     }
 
@@ -73,6 +78,7 @@ impl Variant {
                 a.describe(),
                 b.describe()
             ),
+            Variant::Hosted(_) => "a library kernel launched by the process hosting mqa-fuzz".into(),
         }
     }
 
@@ -137,6 +143,9 @@ pub struct CudaDirect {
     name: String,
     variant: Variant,
     caps: Capabilities,
+    /// The hosted library's version and compile key (built-in kernels: none).
+    version: Option<String>,
+    compile_key: Vec<CompileField>,
 }
 
 impl CudaDirect {
@@ -145,6 +154,25 @@ impl CudaDirect {
             name: format!("cuda-direct:{}", variant.short_name()),
             variant,
             caps: variant.capabilities(),
+            version: None,
+            compile_key: Vec::new(),
+        }
+    }
+
+    /// A library kernel its host launches ([`super::hosted`]), described by the host.
+    pub fn hosted(
+        name: String,
+        version: String,
+        caps: Capabilities,
+        compile_key: Vec<CompileField>,
+        launch: HostedLaunch,
+    ) -> Self {
+        CudaDirect {
+            name,
+            variant: Variant::Hosted(launch),
+            caps,
+            version: Some(version),
+            compile_key,
         }
     }
 }
@@ -157,15 +185,18 @@ fn tiled_smem(case: &Case) -> u32 {
 }
 
 /// Launches the kernel of `variant` on an uploaded case (between the timer's events).
+/// A hosted kernel's own clock, when its host measured it, comes back in milliseconds
+/// (the timer's events then also span the host's wrapping of the call).
 pub fn launch_variant(
     gpu: &mut Gpu,
     variant: Variant,
     case: &Case,
     dc: &mut DeviceCase,
     timer: &Timer,
-) -> Result<(), GpuFailure> {
+) -> Result<Option<f64>, GpuFailure> {
     let env = GpuFailure::Environment;
     match variant {
+        Variant::Hosted(h) => return launch_hosted(gpu, h, case, dc, timer),
         Variant::Naive => {
             let f = gpu
                 .function(Program::Naive, "naive_logits", &vec![])
@@ -218,7 +249,44 @@ pub fn launch_variant(
             drop(prefix);
         }
     }
-    gpu.ctx.synchronize().map_err(failure)
+    gpu.ctx.synchronize().map_err(failure)?;
+    Ok(None)
+}
+
+/// Hands the laid-out case to the host's callback and classifies what came back: an
+/// error with the context lost is a fault (the process's end); one with the context
+/// intact is the library's refusal or its crash on this case.
+fn launch_hosted(
+    gpu: &mut Gpu,
+    h: HostedLaunch,
+    case: &Case,
+    dc: &mut DeviceCase,
+    timer: &Timer,
+) -> Result<Option<f64>, GpuFailure> {
+    gpu.ctx.synchronize().map_err(failure)?;
+    let mut call = HostedCall::new(dc.params, case.num_blocks, case.rows() as u64);
+    timer.start().map_err(failure)?;
+    // SAFETY: the host keeps its callback alive while it serves ([`crate::hosted`]);
+    // the call's pointers stay valid until `dc` is dropped, after the synchronize below.
+    let code = unsafe { h.call(&mut call) };
+    timer.stop().map_err(failure)?;
+    let synced = gpu.ctx.synchronize().map_err(failure);
+    let message = call.message();
+    match (code, synced) {
+        (status::OK, Ok(())) => Ok((call.kernel_us >= 0.0).then_some(call.kernel_us / 1e3)),
+        (_, Err(GpuFailure::Fault(e))) => Err(GpuFailure::Fault(if message.is_empty() {
+            e
+        } else {
+            format!("{message} ({e})")
+        })),
+        (_, Err(e)) => Err(e),
+        (status::SKIPPED, Ok(())) => Err(GpuFailure::Skipped(message)),
+        (status::ENVIRONMENT, Ok(())) => Err(GpuFailure::Environment(message)),
+        (status::RAISED, Ok(())) => Err(GpuFailure::Raised(message)),
+        (other, Ok(())) => Err(GpuFailure::Environment(format!(
+            "the host's launch callback returned {other}, which means nothing ({message})"
+        ))),
+    }
 }
 
 /// A case laid out and run on the device, its inputs checked: the part of a run that
@@ -250,16 +318,19 @@ fn lay_out_and_run(
     let before = dc.input_hashes(gpu, false)?;
     let timer = Timer::new().map_err(failure)?;
     phases.insert("check inputs: before the run".to_string(), lap.next());
-    launch_variant(gpu, variant, case, &mut dc, &timer)?;
+    let own_ms = launch_variant(gpu, variant, case, &mut dc, &timer)?;
     phases.insert("launch".to_string(), lap.next());
-    let ms = timer.elapsed_ms().map_err(failure)?;
+    let ms = match own_ms {
+        Some(ms) => ms,
+        None => timer.elapsed_ms().map_err(failure)? as f64,
+    };
     let after = dc.input_hashes(gpu, true)?;
     phases.insert(
         "check inputs: after (the whole cache read)".to_string(),
         lap.next(),
     );
     let info = RunInfo {
-        kernel_time: Some(Duration::from_secs_f64(ms as f64 / 1e3)),
+        kernel_time: Some(Duration::from_secs_f64(ms / 1e3)),
         inputs_intact: Some(before == after),
         device_bytes: Some(dc.bytes),
         queue_wait: None,
@@ -293,20 +364,21 @@ fn run_error(e: GpuFailure) -> RunError {
     match e {
         GpuFailure::Environment(m) => RunError::Environment(m),
         GpuFailure::Fault(m) => RunError::Crash(format!("CUDA fault: {m}")),
-        GpuFailure::OutOfMemory(m) => RunError::Skipped(m),
+        GpuFailure::OutOfMemory(m) | GpuFailure::Skipped(m) => RunError::Skipped(m),
+        GpuFailure::Raised(m) => RunError::Crash(m),
     }
 }
 
 /// Runs `variant` on `case` and judges the output on the device (`super::judge`): the
 /// output is poisoned there and copied into `out` only when the judgement holds a
-/// finding (or breaks the kernel's outside contract).
+/// finding (or breaks the kernel's `outside` contract).
 pub fn run_variant_judged(
     variant: Variant,
+    outside: OutsideContract,
     case: &Case,
     req: &DeviceJudgeRequest,
     out: &mut OutputBuffer,
 ) -> Result<JudgedRun, RunError> {
-    let outside = variant.capabilities().outside;
     with_gpu(|gpu| {
         let Ran {
             dc,
@@ -345,8 +417,22 @@ impl Kernel for CudaDirect {
         &self.name
     }
 
+    fn version(&self) -> String {
+        self.version
+            .clone()
+            .unwrap_or_else(|| env!("CARGO_PKG_VERSION").to_string())
+    }
+
+    fn compile_key(&self) -> &[CompileField] {
+        &self.compile_key
+    }
+
     fn on_accelerator(&self) -> bool {
         true
+    }
+
+    fn lost(&self) -> bool {
+        super::device::faulted()
     }
 
     fn capabilities(&self) -> &Capabilities {
@@ -374,6 +460,6 @@ impl Kernel for CudaDirect {
                 return Err(RunError::Environment(format!("device judge: {why}")));
             }
         }
-        run_variant_judged(self.variant, case, req, out)
+        run_variant_judged(self.variant, self.caps.outside, case, req, out)
     }
 }

@@ -19,6 +19,7 @@
 pub mod compile;
 pub mod device;
 pub mod generate;
+pub mod hosted;
 pub mod judge;
 pub mod kernels;
 pub mod memory;

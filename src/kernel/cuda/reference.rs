@@ -307,9 +307,7 @@ pub(super) fn row_offsets(case: &Case) -> Vec<u64> {
 }
 
 fn message(e: GpuFailure) -> String {
-    match e {
-        GpuFailure::Environment(m) | GpuFailure::Fault(m) | GpuFailure::OutOfMemory(m) => m,
-    }
+    e.message()
 }
 
 /// The reference of every row, computed on the GPU, and the reference kernel's time.

@@ -444,6 +444,20 @@ impl ExecKernel {
     }
 }
 
+/// `libmqa_fuzz.so` beside this binary: what an adapter loads to be served hosted
+/// (`kernels/external/hosted.py`). `None` when the user named one (workers inherit it)
+/// or there is none.
+fn hosted_library() -> Option<std::path::PathBuf> {
+    if std::env::var_os("MQA_FUZZ_HOSTED_LIB").is_some() {
+        return None;
+    }
+    let lib = std::env::current_exe()
+        .ok()?
+        .parent()?
+        .join("libmqa_fuzz.so");
+    lib.is_file().then_some(lib)
+}
+
 /// Starts `slot`'s worker (forked by its fork server when it has one) and returns its
 /// hello; on failure, the error carries the worker's stderr.
 fn start_worker(
@@ -455,6 +469,12 @@ fn start_worker(
     let offer: Vec<String> = offered.iter().map(u64::to_string).collect();
     let mut env = slot.env.clone();
     env.push(("MQA_FUZZ_PROTOCOLS".into(), offer.join(",")));
+    if let Some(lib) = hosted_library() {
+        env.push((
+            "MQA_FUZZ_HOSTED_LIB".into(),
+            lib.to_string_lossy().into_owned(),
+        ));
+    }
     if cfg.fork_server {
         env.push(("MQA_FUZZ_FORK_SERVER".into(), "1".into()));
     }
