@@ -37,6 +37,12 @@
 #                                        (all); cases/s, restarts, compile time, tokens per case; then
 #                                        `bench judge` (the CPU judge, old and new, on this host) and
 #                                        `bench host` (the request path of production cases)
+# hosted      ~2 min (+ DeepGEMM build   adapters served hosted (libmqa_fuzz.so in the adapter's process
+#             with KERNELS=deepgemm)     lays cases out and judges them on the device): the torch adapter
+#                                        hosted and over the plain protocol on the same CASES (25) cases
+#                                        must give the same findings; with KERNELS=deepgemm, DeepGEMM's
+#                                        saved cases (REPLAY, a directory of corpus files) replayed hosted
+#                                        must reproduce
 # all         ~60 min                    every check above
 #
 # Needs: an NVIDIA driver and NVRTC from CUDA 13 (docs/cuda.md); for production, deepgemm and
@@ -65,6 +71,8 @@ if [ "${1:-}" = "--stage" ]; then
     root="$(cd "$here/.." && pwd)"
     newest() { ls -t "${CARGO_TARGET_DIR:-$root/target}"/release/deps/"$1"-* 2>/dev/null | grep -v '\.d$' | head -1; }
     strip -o "$dest/mqa-fuzz" "${CARGO_TARGET_DIR:-$root/target}/release/mqa-fuzz" || exit 1
+    # What adapters load to be served hosted (kernels/external/hosted.py).
+    strip --strip-unneeded -o "$dest/libmqa_fuzz.so" "${CARGO_TARGET_DIR:-$root/target}/release/libmqa_fuzz.so" || exit 1
     for t in cuda exec_gpu; do
         f=$(newest $t)
         [ -n "$f" ] && strip -o "$dest/test-$t" "$f"
@@ -369,13 +377,42 @@ for d in sys.argv[1:]:
 PY
 }
 
+check_hosted() {
+    machine
+    [ -f "$(dirname "$B")/libmqa_fuzz.so" ] || { echo "no libmqa_fuzz.so beside $B"; return 2; }
+    local seed=${SEED:-3} n=${CASES:-25} k
+    MQA_FUZZ_HOSTED=on campaign hosted-torch-on --kernel torch --profile all --cases "$n" --seed "$seed" --budget 300s --shrink-budget 10s
+    MQA_FUZZ_HOSTED=off campaign hosted-torch-off --kernel torch --profile all --cases "$n" --seed "$seed" --budget 300s --shrink-budget 10s
+    python3 - "$W/r/hosted-torch-on" "$W/r/hosted-torch-off" <<'PY' || return 1
+import json, sys
+def load(d):
+    r = json.load(open(d + "/report.json"))
+    k = next(iter(r["per_kernel"].values()))
+    return r, sorted(f["signature"] for f in r["findings"]), k
+(on, fon, kon), (off, foff, koff) = load(sys.argv[1]), load(sys.argv[2])
+for name, r, f, k in (("hosted", on, fon, kon), ("plain", off, foff, koff)):
+    print(f"{name}: {r['counts']} findings {f}; runs {k.get('run_wall_secs', 0):.1f} s, kernel {k.get('kernel_secs', 0):.1f} s")
+print("same findings hosted and plain" if fon == foff else "DIFFERENT findings hosted and plain")
+sys.exit(0 if fon == foff and on["counts"]["cases_generated"] == off["counts"]["cases_generated"] else 1)
+PY
+    for k in ${KERNELS:-}; do
+        [ "$k" = deepgemm ] && { deepgemm_env || return 3; }
+        for f in "${REPLAY:-$here/cases}"/*.json; do
+            [ -f "$f" ] || continue
+            echo "[$(stamp)] replay hosted --kernel $k $(basename "$f")"
+            MQA_FUZZ_HOSTED=on "$B" replay --kernel "$k" "$f" 2>&1 | tail -4
+            echo "replay exit ${PIPESTATUS[0]}"
+        done
+    done
+}
+
 checks=("$@")
 [ ${#checks[@]} -gt 0 ] || checks=(quick)
 [ "${checks[*]}" = all ] && checks=(quick production deepgemm campaigns properties findings speed)
 status=0
 for c in "${checks[@]}"; do
     case "$c" in
-    quick | production | deepgemm | campaigns | properties | findings | speed)
+    quick | production | deepgemm | campaigns | properties | findings | speed | hosted)
         echo "===== check $c"
         "check_$c" 2>&1 | tee "$W/logs/check-$c.log"
         [ "${PIPESTATUS[0]}" = 0 ] || status=1
