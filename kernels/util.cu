@@ -119,6 +119,84 @@ __device__ __forceinline__ void verify_block(const u8* kv, u64 blk, u64 end, u64
     }
 }
 
+// One 16-byte quad at byte `off` of block `blk` (blocks 16-aligned, so a quad never
+// straddles two): verify_block's rule for each of its words.
+__device__ __forceinline__ void verify_quad(uint4 x, u64 blk, u64 off, bool is_stored, u64 words,
+                                            u64 values_end, u64 scales_end, u32 nan_word, u64 block_bytes,
+                                            u64& changed, u64& hash) {
+    u32 v[4] = {x.x, x.y, x.z, x.w};
+    if (!(is_stored && off < block_bytes)) {
+        // Not stored data: the poison. A quad inside one region compares with one word.
+        if (off + 16 <= values_end || off >= scales_end) {
+            changed += (v[0] != nan_word) + (v[1] != nan_word) + (v[2] != nan_word) + (v[3] != nan_word);
+            return;
+        }
+        if (off >= values_end && off + 16 <= scales_end) {
+            const u32 s = 0x7FC00000u;
+            changed += (v[0] != s) + (v[1] != s) + (v[2] != s) + (v[3] != s);
+            return;
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        u64 o = off + 4 * j, ww = o / 4;
+        if (is_stored && o < block_bytes)
+            hash += mix64(((blk * words + ww) << 32) ^ v[j] ^ (blk * words + ww) * 0x9E3779B97F4A7C15ULL);
+        else
+            changed += v[j] != poison_word(o, values_end, scales_end, nan_word);
+    }
+}
+
+// verify_kv's whole read, streamed (block strides that are multiples of 16): each warp
+// reads a contiguous `window` of the span and the next warp the next one, so the warps
+// in flight together cover a few hundred MB of neighbouring pages. verify_kv gives each
+// warp a whole block, and on an engine-sized pool (tens of GiB of 1 MB blocks) the warps
+// in flight then touch thousands of pages at once: the address translation, not the
+// memory, sets its pace. The same counts and the same hash as verify_kv.
+extern "C" __global__ void verify_kv_stream(const u8* kv, u64 end, u64 stride, u64 values_end, u64 scales_end,
+                                            u32 nan_word, u64 block_bytes, const u32* stored, u64 stored_bits,
+                                            u64 window, u64* out) {
+    u64 warps = (u64)gridDim.x * (blockDim.x / 32);
+    u64 warp = (u64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x & 31;
+    u64 words = stride / 4;
+    u64 changed = 0, hash = 0;
+    u64 n_windows = (end + window - 1) / window;
+    for (u64 wi = warp; wi < n_windows; wi += warps) {
+        u64 a = wi * window + 16 * (u64)lane;
+        u64 a_end = (wi + 1) * window < end ? (wi + 1) * window : end;
+        if (a >= a_end) continue;
+        u64 blk = a / stride, off = a - blk * stride;
+        bool st = blk < stored_bits && ((stored[blk >> 5] >> (blk & 31)) & 1u);
+        for (; a < a_end; a += 4 * 512) {
+            uint4 x[4];
+#pragma unroll
+            for (int k = 0; k < 4; ++k)
+                if (a + 512 * k < a_end) x[k] = *(const uint4*)(kv + a + 512 * k);
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                if (a + 512 * k < a_end)
+                    verify_quad(x[k], blk, off, st, words, values_end, scales_end, nan_word, block_bytes, changed,
+                                hash);
+                off += 512;
+                while (off >= stride) {
+                    off -= stride;
+                    ++blk;
+                    st = blk < stored_bits && ((stored[blk >> 5] >> (blk & 31)) & 1u);
+                }
+            }
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        changed += __shfl_xor_sync(0xffffffffu, changed, o);
+        hash += __shfl_xor_sync(0xffffffffu, hash, o);
+    }
+    if (lane == 0) {
+        if (changed) atomicAdd(&out[0], changed);
+        if (hash) atomicAdd(&out[1], hash);
+    }
+}
+
 // The cache's integrity in one read of its bytes [0, end) (the whole mapped span, past
 // the pool's last block too): every word of a block that holds no stored block must
 // still be the poison poison_span wrote (NaN codes, NaN scales), and the stored

@@ -179,9 +179,13 @@ fn gpu_selection_is_parsed_and_checked() -> Ran {
 fn a_write_anywhere_in_the_cache_is_an_input_mutation() -> Ran {
     gpu()?;
     // Strides of 16-byte multiples are read 16 bytes at a time, others a word at a time.
-    for pad in [16, 12] {
+    // A pool of 20,000 more blocks: its far end lies in other windows of the streamed read.
+    for (pad, surplus) in [(16, 0), (12, 0), (16, 20_000), (12, 20_000)] {
         let case = recipe(vec![300, 700], 2)
-            .with(|k| k.kv_stride_pad = pad)
+            .with(|k| {
+                k.kv_stride_pad = pad;
+                k.surplus_blocks = surplus;
+            })
             .materialize();
         assert_eq!(case.kv_block_stride.is_multiple_of(16), pad == 16);
         mutations_are_seen(&case)?;
@@ -195,19 +199,40 @@ fn mutations_are_seen(case: &mqa_fuzz::case::Case) -> Ran {
     let unreferenced = (0..case.num_blocks)
         .find(|id| !stored.contains(id))
         .unwrap();
+    let last_unreferenced = (0..case.num_blocks)
+        .rev()
+        .find(|id| !stored.contains(id))
+        .unwrap();
     let bb = case.shape.block_bytes() as u64;
     let stride = case.kv_block_stride;
+    let values_end = (case.shape.block_size * case.shape.head_dim) as u64;
+    // u64::MAX: the last word of the mapped span (past the pool's last block).
     for (what, at) in [
         ("a stored block", stored[0] * stride + 8),
+        (
+            "a stored block's scales",
+            stored[0] * stride + values_end + 4,
+        ),
         ("an unreferenced block", unreferenced * stride),
+        (
+            "an unreferenced block's scales",
+            unreferenced * stride + values_end,
+        ),
+        ("the pool's last block", last_unreferenced * stride + bb - 4),
         ("stride padding", stored[1] * stride + bb + 4),
+        ("the mapped span's last word", u64::MAX),
     ] {
         let changed = cuda::device::with_gpu(|gpu| {
             let mut dc = DeviceCase::upload_poisoned(gpu, case)?;
             let before = dc.input_hashes(gpu, false)?;
             let same = dc.input_hashes(gpu, true)?;
             assert_eq!(before, same, "nothing written yet");
-            dc.kv.upload(at, &[0x1234_5678u32]).unwrap();
+            let span = cuda::sys::DeviceSpan {
+                ptr: dc.kv.ptr,
+                bytes: dc.cache_mapped_bytes(),
+            };
+            let at = if at == u64::MAX { span.bytes - 4 } else { at };
+            span.upload(at, &[0x1234_5678u32]).unwrap();
             Ok(before != dc.input_hashes(gpu, true)?)
         })
         .map_err(|e| format!("{e:?}"))?;
