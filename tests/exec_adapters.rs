@@ -714,15 +714,17 @@ pc.serve_forking(setup)
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// `libmqa_fuzz.so` as `cargo` built it beside the binary (what mqa-fuzz hands its
-/// adapters as `MQA_FUZZ_HOSTED_LIB`).
+/// `libmqa_fuzz.so` as `cargo` built it: beside the binary after `cargo build` (what
+/// mqa-fuzz hands its adapters as `MQA_FUZZ_HOSTED_LIB`), in `deps/` after `cargo test`
+/// alone (which builds it but does not copy it up).
 fn hosted_library() -> std::path::PathBuf {
-    let lib = std::path::Path::new(env!("CARGO_BIN_EXE_mqa-fuzz"))
+    let dir = std::path::Path::new(env!("CARGO_BIN_EXE_mqa-fuzz"))
         .parent()
-        .unwrap()
-        .join("libmqa_fuzz.so");
-    assert!(lib.is_file(), "{} was not built", lib.display());
-    lib
+        .unwrap();
+    let lib = [dir.join("libmqa_fuzz.so"), dir.join("deps/libmqa_fuzz.so")]
+        .into_iter()
+        .find(|p| p.is_file());
+    lib.unwrap_or_else(|| panic!("libmqa_fuzz.so was not built in {}", dir.display()))
 }
 
 /// The hosted path's Python half (`hosted.py`) against the real library, without a GPU:
