@@ -119,6 +119,18 @@ __device__ __forceinline__ void verify_block(const u8* kv, u64 blk, u64 end, u64
     }
 }
 
+// A warp's `changed` and `hash` summed into out[0] and out[1] (every lane calls it).
+__device__ __forceinline__ void add_warp_counts(u64 changed, u64 hash, int lane, u64* out) {
+    for (int o = 16; o > 0; o >>= 1) {
+        changed += __shfl_xor_sync(0xffffffffu, changed, o);
+        hash += __shfl_xor_sync(0xffffffffu, hash, o);
+    }
+    if (lane == 0) {
+        if (changed) atomicAdd(&out[0], changed);
+        if (hash) atomicAdd(&out[1], hash);
+    }
+}
+
 // One 16-byte quad at byte `off` of block `blk` (blocks 16-aligned, so a quad never
 // straddles two): verify_block's rule for each of its words.
 __device__ __forceinline__ void verify_quad(uint4 x, u64 blk, u64 off, bool is_stored, u64 words,
@@ -187,14 +199,7 @@ extern "C" __global__ void verify_kv_stream(const u8* kv, u64 end, u64 stride, u
             }
         }
     }
-    for (int o = 16; o > 0; o >>= 1) {
-        changed += __shfl_xor_sync(0xffffffffu, changed, o);
-        hash += __shfl_xor_sync(0xffffffffu, hash, o);
-    }
-    if (lane == 0) {
-        if (changed) atomicAdd(&out[0], changed);
-        if (hash) atomicAdd(&out[1], hash);
-    }
+    add_warp_counts(changed, hash, lane, out);
 }
 
 // The cache's integrity in one read of its bytes [0, end) (the whole mapped span, past
@@ -231,12 +236,5 @@ extern "C" __global__ void verify_kv(const u8* kv, u64 end, u64 stride, u64 valu
                          lane, changed, hash);
         }
     }
-    for (int o = 16; o > 0; o >>= 1) {
-        changed += __shfl_xor_sync(0xffffffffu, changed, o);
-        hash += __shfl_xor_sync(0xffffffffu, hash, o);
-    }
-    if (lane == 0) {
-        if (changed) atomicAdd(&out[0], changed);
-        if (hash) atomicAdd(&out[1], hash);
-    }
+    add_warp_counts(changed, hash, lane, out);
 }

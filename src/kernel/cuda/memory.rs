@@ -356,9 +356,6 @@ impl DeviceCase {
                 ],
             )?;
         }
-        let verify = gpu
-            .function(Program::Util, "verify_kv", &vec![])
-            .map_err(GpuFailure::Environment)?;
         let t = self.poison;
         let end = self.lease.kv().mapped_bytes();
         let stored = self
@@ -392,11 +389,30 @@ impl DeviceCase {
                     &mut (acc.ptr() + 8 * 4),
                 ],
             )?;
-            let mut h = vec![0u64; 6];
-            acc.download(0, &mut h).map_err(failure)?;
-            self.lease.clean = h[4] == 0;
-            return Ok(h);
+        } else {
+            self.launch_verify_kv(gpu, whole_cache, end, stored, acc.ptr() + 8 * 4)?;
         }
+        let mut h = vec![0u64; 6];
+        acc.download(0, &mut h).map_err(failure)?;
+        if whole_cache {
+            self.lease.clean = h[4] == 0;
+        }
+        Ok(h)
+    }
+
+    /// `verify_kv`: the whole span a block per warp, or only the stored blocks' bytes.
+    fn launch_verify_kv(
+        &self,
+        gpu: &mut Gpu,
+        whole_cache: bool,
+        end: u64,
+        stored: u64,
+        counts: u64,
+    ) -> Result<(), GpuFailure> {
+        let verify = gpu
+            .function(Program::Util, "verify_kv", &vec![])
+            .map_err(GpuFailure::Environment)?;
+        let t = self.poison;
         let blocks = end.div_ceil(t.stride);
         let grid = if whole_cache {
             blocks.div_ceil(8).clamp(1, 8 * 65535)
@@ -420,15 +436,9 @@ impl DeviceCase {
                 &mut stored.clone(),
                 &mut self.num_blocks.clone(),
                 &mut (!whole_cache as i32),
-                &mut (acc.ptr() + 8 * 4),
+                &mut counts.clone(),
             ],
-        )?;
-        let mut h = vec![0u64; 6];
-        acc.download(0, &mut h).map_err(failure)?;
-        if whole_cache {
-            self.lease.clean = h[4] == 0;
-        }
-        Ok(h)
+        )
     }
 
     /// Bytes of the cache's address range mapped for this case (its bytes rounded up to
