@@ -51,6 +51,15 @@ fn same_seed_same_cases_and_coverage() {
     let b = std::fs::read_to_string(d.join("b/cases.jsonl")).unwrap();
     assert_eq!(a.lines().count(), 25);
     assert_eq!(a, b, "same seed must give the same case sequence");
+    // Where each case's time went sits beside it, one line per case, per kernel.
+    let t = std::fs::read_to_string(d.join("a/timings.jsonl")).unwrap();
+    assert_eq!(t.lines().count(), 25);
+    for line in t.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert_eq!(v["runs"][0]["kernel"], "cpu:chunked", "{line}");
+        assert!(v["runs"][0]["run_ms"].as_f64().unwrap() >= 0.0, "{line}");
+        assert!(v["runs"][0]["phases_ms"].is_object(), "{line}");
+    }
     let ra: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(d.join("a/report.json")).unwrap()).unwrap();
     let rb: serde_json::Value =

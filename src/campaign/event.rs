@@ -123,10 +123,13 @@ impl Tally {
     }
 }
 
-/// `cases.jsonl`: one line per generated case (its seed, recipe and classes).
+/// `cases.jsonl`: one line per generated case (its seed, recipe and classes), the same
+/// bytes for the same seed and version; and `timings.jsonl`: where each case's time went
+/// on each kernel, in milliseconds (kept apart because times differ run to run).
 #[derive(Default)]
 pub(super) struct CasesLog {
     pub lines: Vec<serde_json::Value>,
+    pub timings: Vec<serde_json::Value>,
 }
 
 impl CasesLog {
@@ -154,11 +157,41 @@ impl CasesLog {
             "recipe": serde_json::to_value(&g.recipe).unwrap_or_default(),
             "verdicts": verdicts,
         }));
+        let ms = |s: f64| (s * 1e5).round() / 100.0;
+        let runs: Vec<serde_json::Value> = engine
+            .kernels
+            .iter()
+            .zip(&judgement.runs)
+            .map(|(k, run)| {
+                let phases: serde_json::Map<String, serde_json::Value> = run
+                    .verdict
+                    .run
+                    .phases
+                    .iter()
+                    .map(|(p, s)| (p.clone(), ms(*s).into()))
+                    .collect();
+                serde_json::json!({
+                    "kernel": k.name(),
+                    "run_ms": ms(run.wall_secs),
+                    "phases_ms": phases,
+                })
+            })
+            .collect();
+        self.timings.push(serde_json::json!({
+            "k": g.k,
+            "generate_ms": ms(g.generate_secs),
+            "runs": runs,
+        }));
     }
 
-    /// The file's text.
+    /// The text of `cases.jsonl`.
     pub fn text(&self) -> String {
         self.lines.iter().map(|l| format!("{l}\n")).collect()
+    }
+
+    /// The text of `timings.jsonl`.
+    pub fn timings_text(&self) -> String {
+        self.timings.iter().map(|l| format!("{l}\n")).collect()
     }
 }
 

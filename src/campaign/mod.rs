@@ -230,7 +230,7 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
     }
     report.finished_unix = crate::util::unix_now();
     report.timings.wall_secs = started.elapsed().as_secs_f64();
-    setup::write_report(&cfg.report_dir, &report, &log.text())?;
+    setup::write_report(&cfg.report_dir, &report, &log.text(), &log.timings_text())?;
     if let Some(e) = env_error {
         return Err(Fatal::environment(e));
     }

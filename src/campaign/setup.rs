@@ -242,10 +242,18 @@ pub(super) fn new_report(engine: &Engine, started_unix: u64) -> Report {
     report
 }
 
-/// Writes the report and `cases.jsonl` (atomically).
-pub(super) fn write_report(dir: &Path, report: &Report, cases_log: &str) -> Result<(), Fatal> {
+/// Writes the report, `cases.jsonl` and `timings.jsonl` (each atomically).
+pub(super) fn write_report(
+    dir: &Path,
+    report: &Report,
+    cases_log: &str,
+    timings: &str,
+) -> Result<(), Fatal> {
     report::write_all(dir, report)
         .map_err(|e| Fatal::usage(format!("{}: cannot write the report: {e}", dir.display())))?;
-    crate::util::write_atomic(&dir.join("cases.jsonl"), cases_log.as_bytes())
-        .map_err(|e| Fatal::usage(format!("{}: cannot write cases.jsonl: {e}", dir.display())))
+    for (name, text) in [("cases.jsonl", cases_log), ("timings.jsonl", timings)] {
+        crate::util::write_atomic(&dir.join(name), text.as_bytes())
+            .map_err(|e| Fatal::usage(format!("{}: cannot write {name}: {e}", dir.display())))?;
+    }
+    Ok(())
 }
