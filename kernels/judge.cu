@@ -12,6 +12,10 @@
 //                per CTA: V(r) classes, guard counts, hostile tallies, outside-V(r)
 //                statistics, row-padding writes, error maxima, calc_diff sums and the
 //                row's digest (an order-independent hash of V(r)'s bits).
+// judge_pending: the elements judge_rows set aside because their class or ratio needs
+//                the full bound (its magnitude is H x D products a position): one warp
+//                an element, the lanes splitting D, so a row where many elements need it
+//                costs what they need, not a whole warp's serial loop for each.
 // count_changed: words of a range that are not the poison (the guard zones).
 // gather_checks: the output, reference and device class of listed elements.
 
@@ -26,6 +30,8 @@
 #define C_INF 3
 #define C_UNWRITTEN 4
 #define C_UNDEFINED 5
+// Not a class: judge_rows hands the element to judge_pending (the full bound is needed).
+#define C_PENDING 100
 
 struct Bound {
     double dot_rel, head_rel, abs;
@@ -82,10 +88,40 @@ __device__ double abs_mag_at(const Params& p, int r, int t) {
     return __dmul_rn(acc, s);
 }
 
+// `abs_mag_at` computed by a whole warp (every lane gets it): each head's exact dot
+// split over the lanes (fp8 products and any partial sums of them are exact in f64, so
+// the split changes no bit), the head sum in head order as the CPU does it.
+__device__ double abs_mag_warp(const Params& p, const float* dec, int r, int t) {
+    int lane = threadIdx.x & 31;
+    int b = r / p.next_n;
+    int bs = p.block_size;
+    u64 id = (u64)(unsigned)p.table[(i64)b * p.table_stride + t / bs];
+    int slot = t % bs;
+    const u8* blk = p.kv + id * p.kv_stride;
+    const u8* sp = blk + (u64)bs * p.head_dim + 4ULL * slot;
+    u32 sb = (u32)sp[0] | ((u32)sp[1] << 8) | ((u32)sp[2] << 16) | ((u32)sp[3] << 24);
+    double s = fabs((double)__uint_as_float(sb));
+    const u8* q = p.q + ((i64)r * p.heads) * p.head_dim;
+    double acc = 0.0;
+    for (int h = 0; h < p.heads; ++h) {
+        double dot = 0.0;
+        for (int d = lane; d < p.head_dim; d += 32) {
+            double a = fabs((double)dec[q[(i64)h * p.head_dim + d]]);
+            double k = fabs((double)dec[blk[value_offset(p.layout, p.head_dim, slot, d)]]);
+            dot = __dadd_rn(dot, __dmul_rn(a, k));
+        }
+        for (int o = 16; o > 0; o >>= 1) dot = __dadd_rn(dot, __shfl_xor_sync(0xffffffffu, dot, o));
+        double w = fabs((double)p.weights[(i64)r * p.heads + h]);
+        acc = __dadd_rn(acc, __dmul_rn(w, dot));
+    }
+    return __dmul_rn(acc, s);
+}
+
 // src/oracle::classify and the bound a ratio is measured against (scan::listed_element):
 // the cheap lower bound while the error is under a quarter of it, else the full one.
+// With `defer`, an element that needs the full bound is C_PENDING (judge_pending's).
 __device__ int classify(const Params& p, const Bound& b, int r, int t, u32 bits, double exp, double relu_mag,
-                        double* err_out, double* bound_out) {
+                        double* err_out, double* bound_out, bool defer = false) {
     if (bits == POISON) return C_UNWRITTEN;
     if (!isfinite(exp) || fabs(exp) > FLT_MAX_D) return C_UNDEFINED;
     float got = __uint_as_float(bits);
@@ -95,9 +131,15 @@ __device__ int classify(const Params& p, const Bound& b, int r, int t, u32 bits,
     double lo = bound_lower(b, relu_mag);
     *err_out = err;
     if (err <= lo) {
-        *bound_out = err > 0.25 * lo ? bound_full(b, relu_mag, abs_mag_at(p, r, t)) : lo;
+        if (err <= 0.25 * lo) {
+            *bound_out = lo;
+            return C_OK;
+        }
+        if (defer) return C_PENDING;
+        *bound_out = bound_full(b, relu_mag, abs_mag_at(p, r, t));
         return C_OK;
     }
+    if (defer) return C_PENDING;
     double full = bound_full(b, relu_mag, abs_mag_at(p, r, t));
     *bound_out = full;
     return err <= full ? C_OK : C_MISMATCH;
@@ -123,9 +165,12 @@ __device__ __forceinline__ double warp_max_d(double x) {
 
 // 256 threads. Row r's columns [cx*JUDGE_CHUNK, ...) of its stride: V(r) below the row's
 // length, outside statistics up to max_model_len, row padding after.
+// Elements that need the full bound go to pending[] (row << 32 | position; *n_pending
+// counts them): judge_pending classifies them and takes their ratios.
 extern "C" __global__ void __launch_bounds__(256) judge_rows(Params p, const u64* row_off, const double* value,
                                                              const double* mag, int rows, Bound b,
-                                                             JudgePart* parts) {
+                                                             JudgePart* parts, u64* pending,
+                                                             unsigned long long* n_pending) {
     __shared__ u64 su[8][PART_U64];
     __shared__ double sd[8][PART_F64];
     int cx = blockIdx.x;
@@ -145,8 +190,18 @@ extern "C" __global__ void __launch_bounds__(256) judge_rows(Params p, const u64
             if (t < len) {
                 double exp = value[base + t], rm = mag[base + t];
                 double err = 0.0, bnd = 0.0;
-                int cls = classify(p, b, r, (int)t, bits, exp, rm, &err, &bnd);
+                int cls = classify(p, b, r, (int)t, bits, exp, rm, &err, &bnd, true);
                 c[19] += mix64(((u64)t << 32) ^ bits);
+                if (cls == C_PENDING) {
+                    // A finite output: no guard count; the error's maximum and calc_diff's
+                    // sums do not depend on the bound.
+                    pending[atomicAdd(n_pending, 1ULL)] = ((u64)r << 32) | (u64)t;
+                    f[0] = fmax(f[0], err);
+                    double g = (double)got;
+                    f[2] = __dadd_rn(f[2], __dmul_rn(g, exp));
+                    f[3] = __dadd_rn(f[3], __dadd_rn(__dmul_rn(g, g), __dmul_rn(exp, exp)));
+                    continue;
+                }
                 if (cls == C_UNDEFINED) {
                     c[5]++;
                     if (isnan(got)) c[6]++;
@@ -206,6 +261,39 @@ extern "C" __global__ void __launch_bounds__(256) judge_rows(Params p, const u64
             ((double*)((u64*)&parts[(i64)r * gridDim.x + cx] + PART_U64))[k] = v;
         }
         __syncthreads();
+    }
+}
+
+// The set-aside elements of judge_rows, one warp each: out[0] += OK, out[1] += mismatch,
+// out[2] = max(out[2], ratio's bits) (non-negative doubles order as their bits do).
+extern "C" __global__ void __launch_bounds__(256) judge_pending(Params p, const u64* row_off, const double* value,
+                                                                const double* mag, Bound b, const u64* pending,
+                                                                u64 n, unsigned long long* out) {
+    __shared__ float dec[512];
+    for (int i = threadIdx.x; i < 512; i += blockDim.x) dec[i] = p.decode[i];
+    __syncthreads();
+    const float* table = dec + (p.fnuz ? 256 : 0);
+    int lane = threadIdx.x & 31;
+    u64 warps = (u64)gridDim.x * (blockDim.x >> 5);
+    unsigned long long ok = 0, bad = 0;
+    double worst = 0.0;
+    for (u64 j = (u64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); j < n; j += warps) {
+        u64 e = pending[j];
+        int r = (int)(e >> 32), t = (int)(e & 0xffffffffu);
+        u32 bits = ((const u32*)(p.out + (i64)r * p.out_stride))[t];
+        double exp = value[row_off[r] + t], rm = mag[row_off[r] + t];
+        double err = fabs(__dsub_rn((double)__uint_as_float(bits), exp));
+        double full = bound_full(b, rm, abs_mag_warp(p, table, r, t));
+        // err > lo needs err <= full to pass; err <= lo passes (lo <= full).
+        bool pass = err <= full;
+        ok += pass;
+        bad += !pass;
+        worst = fmax(worst, ratio(err, full));
+    }
+    if (lane == 0 && (ok || bad)) {
+        atomicAdd(&out[0], ok);
+        atomicAdd(&out[1], bad);
+        atomicMax(&out[2], (unsigned long long)__double_as_longlong(worst));
     }
 }
 

@@ -50,12 +50,44 @@ fn row_grid(case: &Case, cols: usize) -> (u32, u32) {
     (gx, gy)
 }
 
-/// Judges the output of `dc` (the kernel has run) as `req` asks.
+/// Where the device judge's wall time went, in seconds: the reference (its kernel and
+/// its host side apart), the classification of every element, the guard zones, the
+/// listed elements fetched for the CPU re-check.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct JudgeTimes {
+    pub reference_kernel: f64,
+    pub reference_rest: f64,
+    pub classify: f64,
+    pub full_bound: f64,
+    pub guard_zones: f64,
+    pub checks: f64,
+}
+
+impl JudgeTimes {
+    /// The phases as a worker reports them.
+    pub fn phases(&self) -> [(&'static str, f64); 6] {
+        [
+            ("reference (device)", self.reference_kernel),
+            ("judge (device): reference's host side", self.reference_rest),
+            ("judge (device): classify", self.classify),
+            (
+                "judge (device): elements needing the full bound",
+                self.full_bound,
+            ),
+            ("judge (device): guard zones", self.guard_zones),
+            ("judge (device): checked elements", self.checks),
+        ]
+    }
+}
+
+/// Judges the output of `dc` (the kernel has run) as `req` asks; `times` gets where the
+/// wall time went.
 pub fn judge_case(
     gpu: &mut Gpu,
     dc: &DeviceCase,
     case: &Case,
     req: &DeviceJudgeRequest,
+    times: &mut JudgeTimes,
 ) -> Result<DeviceJudgement, GpuFailure> {
     if req.digest_only {
         return Ok(DeviceJudgement {
@@ -66,7 +98,10 @@ pub fn judge_case(
     }
     let rows = case.rows();
     let tuning = ReferenceTuning::for_shape(&case.shape, gpu.major);
+    let t_ref = Instant::now();
     let dref = reference::compute_device(gpu, dc, case, req.placement, tuning, 1)?;
+    times.reference_kernel = dref.kernel_time.as_secs_f64();
+    times.reference_rest = (t_ref.elapsed().as_secs_f64() - times.reference_kernel).max(0.0);
     let t0 = Instant::now();
     let [dot_rel, head_rel, abs] = req.bound();
     let mut bound = Bound {
@@ -81,6 +116,12 @@ pub fn judge_case(
     let n_parts = rows * gx as usize;
     let parts_mem = DeviceMemory::alloc((n_parts.max(1) * std::mem::size_of::<JudgePart>()) as u64)
         .map_err(failure)?;
+    // The elements whose class or ratio needs the full bound, set aside (at most every
+    // element of V); then [count, OK, mismatch, max ratio's bits] of them.
+    let total = dref.offsets.last().copied().unwrap_or(0);
+    let pending = DeviceMemory::alloc(8 * total.max(1)).map_err(failure)?;
+    let tallies = DeviceMemory::alloc(8 * 4).map_err(failure)?;
+    tallies.memset(0).map_err(failure)?;
     if rows > 0 {
         let mut p = dc.params;
         launch(
@@ -96,6 +137,8 @@ pub fn judge_case(
                 &mut (rows as i32),
                 &mut bound,
                 &mut parts_mem.ptr(),
+                &mut pending.ptr(),
+                &mut tallies.ptr(),
             ],
         )?;
     }
@@ -103,8 +146,49 @@ pub fn judge_case(
     let mut parts = vec![JudgePart::default(); n_parts];
     parts_mem.download(0, &mut parts).map_err(failure)?;
     let mut j = fold(&parts, rows, gx as usize);
+    times.classify = t0.elapsed().as_secs_f64();
+    let t_full = Instant::now();
+    let mut n = [0u64];
+    tallies.download(0, &mut n).map_err(failure)?;
+    if n[0] > 0 {
+        let f = gpu
+            .function(Program::Judge, "judge_pending", &Vec::new())
+            .map_err(GpuFailure::Environment)?;
+        // Eight warps a CTA, one element a warp, a few waves of CTAs at most.
+        let blocks = n[0].div_ceil(8).clamp(1, 16 * gpu.sms as u64) as u32;
+        let mut p = dc.params;
+        launch(
+            &f,
+            (blocks, 1, 1),
+            256,
+            0,
+            &mut [
+                &mut p,
+                &mut dref.row_off.ptr(),
+                &mut dref.value.ptr(),
+                &mut dref.mag.ptr(),
+                &mut bound,
+                &mut pending.ptr(),
+                &mut n[0],
+                &mut (tallies.ptr() + 8),
+            ],
+        )?;
+        let mut t = [0u64; 3];
+        tallies.download(8, &mut t).map_err(failure)?;
+        j.ok += t[0];
+        j.mismatch += t[1];
+        let worst = f64::from_bits(t[2]);
+        if worst > f64::from_bits(j.max_err_over_bound_bits) {
+            j.max_err_over_bound_bits = t[2];
+        }
+    }
+    times.full_bound = t_full.elapsed().as_secs_f64();
+    let t1 = Instant::now();
     j.oob_writes += guard_writes(gpu, dc)?;
+    times.guard_zones = t1.elapsed().as_secs_f64();
+    let t2 = Instant::now();
     j.checks = gather(gpu, dc, &dref, bound, &req.checks)?;
+    times.checks = t2.elapsed().as_secs_f64();
     j.reference_secs = dref.kernel_time.as_secs_f64();
     j.judge_secs = t0.elapsed().as_secs_f64();
     Ok(j)

@@ -385,15 +385,16 @@ pub fn run_variant_judged(
             mut info,
             mut lap,
         } = lay_out_and_run(gpu, variant, case, None)?;
-        let judgement = super::judge::judge_case(gpu, &dc, case, req)?;
+        let mut times = super::judge::JudgeTimes::default();
+        let judgement = super::judge::judge_case(gpu, &dc, case, req, &mut times)?;
         let judged = lap.next();
         let phases = &mut info.phases;
         if req.digest_only {
             phases.insert("digest (device)".to_string(), judged);
         } else {
-            phases.insert("reference (device)".to_string(), judgement.reference_secs);
-            let judge = (judged - judgement.reference_secs).max(0.0);
-            phases.insert("judge (device)".to_string(), judge);
+            for (name, secs) in times.phases() {
+                phases.insert(name.to_string(), secs);
+            }
         }
         let contract_broken = outside == OutsideContract::NegInf
             && judgement.outside_elements != judgement.outside_neg_inf;
