@@ -38,6 +38,36 @@ __device__ __forceinline__ unsigned int gen_word(unsigned long long seed, unsign
     return c[n & 3];
 }
 
+// The words n0, n0 + 1, ... of stream s in order, one Philox block per four words (each
+// block gives words 4q .. 4q + 3; gen_word draws a whole block for one of them).
+struct WordStream {
+    unsigned long long seed, s, n;
+    unsigned int c[4];
+};
+
+__device__ __forceinline__ WordStream word_stream(unsigned long long seed, unsigned long long s,
+                                                  unsigned long long n0) {
+    WordStream w;
+    w.seed = seed;
+    w.s = s;
+    w.n = n0;
+    return w;
+}
+
+__device__ __forceinline__ unsigned int next_word(WordStream& w, bool first) {
+    unsigned int k = (unsigned int)(w.n & 3);
+    if (first || k == 0) {
+        unsigned long long q = w.n >> 2;
+        w.c[0] = (unsigned int)q;
+        w.c[1] = (unsigned int)(q >> 32);
+        w.c[2] = (unsigned int)w.s;
+        w.c[3] = (unsigned int)(w.s >> 32);
+        philox4x32_10(w.c, (unsigned int)w.seed, (unsigned int)(w.seed >> 32));
+    }
+    w.n += 1;
+    return k == 0 ? w.c[0] : k == 1 ? w.c[1] : k == 2 ? w.c[2] : w.c[3];
+}
+
 __device__ __forceinline__ float gauss_bf16(unsigned int w, const unsigned short* table) {
     unsigned int bits = (unsigned int)table[w & 4095u] | ((w >> 16) & 0x8000u);
     return __uint_as_float(bits << 16);
@@ -79,33 +109,54 @@ __device__ unsigned char fp8_encode(double x, int fnuz) {
     return (unsigned char)(mag | 0x80);
 }
 
+// The power-of-two scale of one token's D values (words n0 .. n0 + d - 1 of stream s).
+__device__ double token_scale(unsigned long long seed, unsigned long long s, unsigned long long n0, int d,
+                              int fnuz, const unsigned short* table) {
+    float amax = 0.0f;
+    WordStream w = word_stream(seed, s, n0);
+    for (int j = 0; j < d; ++j) amax = fmaxf(amax, fabsf(gauss_bf16(next_word(w, j == 0), table)));
+    double x = fmax((double)amax, 1e-4) / (fnuz ? 240.0 : 448.0);
+    return pow2_ceil(x);
+}
+
 // One token's D values from consecutive words; codes and the f32 scale.
 __device__ float quantize_token(unsigned long long seed, unsigned long long s, unsigned long long n0,
                                 int d, int fnuz, const unsigned short* table, unsigned char* codes) {
-    float amax = 0.0f;
-    for (int j = 0; j < d; ++j) amax = fmaxf(amax, fabsf(gauss_bf16(gen_word(seed, s, n0 + j), table)));
-    double x = fmax((double)amax, 1e-4) / (fnuz ? 240.0 : 448.0);
-    double scale = pow2_ceil(x);
+    double scale = token_scale(seed, s, n0, d, fnuz, table);
+    WordStream w = word_stream(seed, s, n0);
     for (int j = 0; j < d; ++j) {
-        float g = gauss_bf16(gen_word(seed, s, n0 + j), table);
+        float g = gauss_bf16(next_word(w, j == 0), table);
         codes[j] = fp8_encode((double)g / scale, fnuz);
     }
     return (float)scale;
 }
 
 // Token slot p of block `index` of the draw, into the block's bytes at `blk`: its D codes at
-// the layout's offsets, then its f32 scale after the block's values.
+// the layout's offsets, then its f32 scale after the block's values. The codes go out 16
+// at a time (one 16-byte store where the destination is aligned): in both layouts a run
+// of 16 codes j = 16c .. 16c + 15 is 16 consecutive bytes.
 __device__ void draw_token(unsigned long long seed, unsigned long long index, int p, int block_size, int d,
                            int fnuz, int shuffle16, const unsigned short* table, unsigned char* blk) {
-    unsigned char codes[128];
-    float scale = quantize_token(seed, BLOCK_STREAM | index, (unsigned long long)p * d, d, fnuz, table, codes);
-    for (int j = 0; j < d; ++j) {
-        long long off = shuffle16
-            ? (long long)(p / 16) * 16 * d + (j / 16) * 256 + (p % 16) * 16 + j % 16
-            : (long long)p * d + j;
-        blk[off] = codes[j];
+    unsigned long long s = BLOCK_STREAM | index, n0 = (unsigned long long)p * d;
+    double scale = token_scale(seed, s, n0, d, fnuz, table);
+    WordStream w = word_stream(seed, s, n0);
+    for (int j0 = 0; j0 < d; j0 += 16) {
+        unsigned int packed[4] = {0u, 0u, 0u, 0u};
+        int len = min(16, d - j0);
+        for (int k = 0; k < len; ++k) {
+            float g = gauss_bf16(next_word(w, j0 + k == 0), table);
+            packed[k >> 2] |= (unsigned int)fp8_encode((double)g / scale, fnuz) << (8 * (k & 3));
+        }
+        long long off = shuffle16 ? (long long)(p / 16) * 16 * d + (j0 / 16) * 256 + (p % 16) * 16
+                                  : (long long)p * d + j0;
+        unsigned char* dst = blk + off;
+        if (len == 16 && ((unsigned long long)dst & 15) == 0) {
+            *(uint4*)dst = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+        } else {
+            for (int k = 0; k < len; ++k) dst[k] = (unsigned char)(packed[k >> 2] >> (8 * (k & 3)));
+        }
     }
-    unsigned int sb = __float_as_uint(scale);
+    unsigned int sb = __float_as_uint((float)scale);
     long long so = (long long)block_size * d + 4LL * p;
     blk[so] = sb & 0xFF;
     blk[so + 1] = (sb >> 8) & 0xFF;
