@@ -16,14 +16,20 @@ use crate::kernel::{
     Capabilities, DeviceJudgeRequest, JudgedRun, Kernel, OutputBuffer, RunError, RunInfo,
 };
 use judged::{Answer, Prepared};
+use lanes::Lanes;
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::RecvTimeoutError;
-use std::sync::{Condvar, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 mod judged;
+mod lanes;
+
+/// Set to `0` to send a worker one request at a time (no request queued behind a busy
+/// worker, see `lanes`).
+const PIPELINE_ENV: &str = "MQA_FUZZ_PIPELINE";
 
 /// Cases in flight per GPU worker: one runs on the device while the others are being
 /// generated, transferred and judged on the host (a real library's kernel takes 0.1 ms;
@@ -49,6 +55,9 @@ struct Slot {
     protocol: u64,
     source: Source,
     region: Option<SharedRegion>,
+    /// Counts the slot's worker lives (a request forwarded to one life is not
+    /// answered by the next).
+    life: u64,
 }
 
 impl Slot {
@@ -85,8 +94,7 @@ pub struct ExecKernel {
     /// Every worker's hello at start (device names differ across a multi-GPU pool).
     hellos: Vec<Hello>,
     slots: Vec<Mutex<Slot>>,
-    free: Mutex<Vec<usize>>,
-    freed: Condvar,
+    lanes: Lanes,
     next_id: AtomicU64,
     offered: Vec<u64>,
     restarts: Mutex<RestartStats>,
@@ -119,6 +127,7 @@ impl ExecKernel {
                 protocol: 1,
                 source: Source::default(),
                 region: None,
+                life: 0,
             };
             let what = format!("worker {k}");
             let h = match start_worker(&config, &mut slot, &offered, &what) {
@@ -151,14 +160,18 @@ impl ExecKernel {
             all_v2 = all_v2 && slot.protocol >= 2;
             slots.push(Mutex::new(slot));
         }
+        let hello = hello.expect("at least one worker");
+        // Device-judged requests queue behind busy workers (see `lanes`).
+        let pipelined = all_v2
+            && hello.judges_on_device
+            && std::env::var(PIPELINE_ENV).map_or(true, |v| v != "0");
         Ok(ExecKernel {
             name,
             config,
-            hello: hello.expect("at least one worker"),
+            hello,
             hellos,
             slots,
-            free: Mutex::new((0..n).rev().collect()),
-            freed: Condvar::new(),
+            lanes: Lanes::new(n, pipelined),
             next_id: AtomicU64::new(1),
             offered,
             restarts: Mutex::new(RestartStats::default()),
@@ -236,18 +249,11 @@ impl ExecKernel {
     }
 
     fn take_slot(&self) -> usize {
-        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        loop {
-            if let Some(k) = free.pop() {
-                return k;
-            }
-            free = self.freed.wait(free).unwrap_or_else(|e| e.into_inner());
-        }
+        self.lanes.take()
     }
 
     fn give_slot(&self, k: usize) {
-        self.free.lock().unwrap_or_else(|e| e.into_inner()).push(k);
-        self.freed.notify_one();
+        self.lanes.give(k);
     }
 
     fn run_on(
@@ -282,7 +288,7 @@ impl ExecKernel {
             };
             let mut req = RunRequest::new(id, case, transport);
             req.logits_poisoned = out.is_pristine();
-            let info = self.exchange(slot, &req)?.info;
+            let info = self.exchange(slot, &req, None)?.info;
             protocol::read_output(&out_path, out).map_err(|e| {
                 RunError::Crash(format!("worker's output file {}: {e}", out_path.display()))
             })?;
@@ -324,7 +330,7 @@ impl ExecKernel {
         let mut req = RunRequest::new(id, case, Transport::Shm(layout.clone()));
         req.logits_poisoned = pristine;
         req.kv_values = ints.drawn();
-        let mut info = self.exchange(slot, &req)?.info;
+        let mut info = self.exchange(slot, &req, None)?.info;
         let t1 = Instant::now();
         let region = slot.region.as_ref().expect("created above");
         let (raw, _) = out.raw_mut();
@@ -338,20 +344,69 @@ impl ExecKernel {
     }
 
     /// Sends one request and waits for its answer; a misbehaving worker is killed.
-    fn exchange(&self, slot: &mut Slot, req: &RunRequest) -> Result<Answer, RunError> {
+    /// `lane`: the slot's index, when a request may be queued behind this one (its line
+    /// is forwarded to the worker while this one runs).
+    fn exchange(
+        &self,
+        slot: &mut Slot,
+        req: &RunRequest,
+        lane: Option<usize>,
+    ) -> Result<Answer, RunError> {
         let w = slot.worker.as_mut().expect("worker started");
-        let id = req.id;
         let sent = w
             .stdin
             .write_all(req.to_line().as_bytes())
-            .and_then(|_| w.stdin.flush());
+            .and_then(|_| w.stdin.flush())
+            .map_err(|e| format!("cannot send the request ({e})"));
+        self.await_answer(slot, req, sent, lane)
+    }
+
+    /// Forwards the line queued behind slot `lane` to its worker (once).
+    fn forward_queued(&self, slot: &mut Slot, lane: usize) {
+        let Some(line) = self.lanes.line_to_forward(lane) else {
+            return;
+        };
+        let Some(w) = slot.worker.as_mut() else {
+            return;
+        };
+        // Not sent: the queued request sends it again when its turn comes.
+        if w.stdin.write_all(line.as_bytes()).is_ok() && w.stdin.flush().is_ok() {
+            self.lanes.forwarded(lane, slot.life);
+        }
+    }
+
+    /// Waits for the answer to `req` (already sent, or `sent` says why not).
+    fn await_answer(
+        &self,
+        slot: &mut Slot,
+        req: &RunRequest,
+        sent: Result<(), String>,
+        lane: Option<usize>,
+    ) -> Result<Answer, RunError> {
+        let id = req.id;
         let deadline = Instant::now() + self.config.case_timeout;
         let failure: String = 'wait: {
             if let Err(e) = sent {
-                break 'wait format!("cannot send the request ({e})");
+                break 'wait e;
             }
-            let left = deadline.saturating_duration_since(Instant::now());
-            let line = match w.lines.recv_timeout(left) {
+            // While it runs, a request queued behind it goes to the worker too (looked
+            // for every few milliseconds).
+            let event = loop {
+                if let Some(k) = lane {
+                    self.forward_queued(slot, k);
+                }
+                let w = slot.worker.as_mut().expect("worker started");
+                let left = deadline.saturating_duration_since(Instant::now());
+                let slice = match lane {
+                    Some(_) => left.min(Duration::from_millis(2)),
+                    None => left,
+                };
+                match w.lines.recv_timeout(slice) {
+                    Err(RecvTimeoutError::Timeout) if Instant::now() < deadline => continue,
+                    r => break r,
+                }
+            };
+            let line = match event {
                 Ok(Event::Line(l)) => l,
                 Ok(Event::Garbage(g)) => break 'wait format!("worker printed {g}"),
                 Ok(Event::Eof) | Err(RecvTimeoutError::Disconnected) => {
@@ -487,6 +542,7 @@ fn start_worker(
     match slot.source.start(&launch, cfg.handshake_timeout, offered) {
         Ok((w, h)) => {
             slot.worker = Some(w);
+            slot.life += 1;
             slot.protocol = h.protocol;
             Ok(h)
         }

@@ -5,6 +5,7 @@
 
 use super::super::protocol::{self, RunRequest, Transport};
 use super::super::shm::RegionOutput;
+use super::lanes::Taken;
 use super::{ExecKernel, Slot};
 use crate::case::Case;
 use crate::kernel::{
@@ -82,12 +83,27 @@ impl ExecKernel {
                     "the output of a case judged on the device must be in shared memory".into(),
                 )
             })?;
+        let Prepared { mut req, written } = prepared;
+        req.id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let t0 = Instant::now();
-        let k = self.take_slot();
+        // A free worker, or the queue behind a busy one (`lanes`): then the line may
+        // already be at the worker when this request's turn comes.
+        let (k, forwarded_to) = match self.lanes.take_or_queue(&req.to_line()) {
+            Taken::Own(k) => (k, None),
+            Taken::Behind(k) => (k, self.lanes.wait_turn(k)),
+        };
         let waited = t0.elapsed();
         let result = {
             let mut slot = self.slots[k].lock().unwrap_or_else(|e| e.into_inner());
             (|| {
+                if forwarded_to.is_some()
+                    && slot.worker.is_some()
+                    && forwarded_to == Some(slot.life)
+                {
+                    return self.await_answer(&mut slot, &req, Ok(()), Some(k));
+                }
+                // Never forwarded, or its worker is gone (the case before crashed it):
+                // sent now, to the slot's worker.
                 if slot.worker.is_none() {
                     self.restart(&mut slot)?;
                 }
@@ -97,12 +113,11 @@ impl ExecKernel {
                         self.name
                     )));
                 }
-                let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-                self.send_prepared(&mut slot, id, prepared, out)
+                self.exchange(&mut slot, &req, Some(k))
             })()
         };
         self.give_slot(k);
-        let a = result?;
+        let a = finish_prepared(result, written, out)?;
         let judgement = a
             .judgement
             .ok_or_else(|| RunError::Crash("the worker answered without a judgement".into()))?;
@@ -155,21 +170,29 @@ impl ExecKernel {
         out: &mut OutputBuffer,
     ) -> Result<Answer, RunError> {
         p.req.id = id;
-        let result = self.exchange(slot, &p.req);
-        if let Err(RunError::Crash(_)) = &result {
-            // The worker was killed or shut down mid-case: its region is not reused, in
-            // case it was still writing.
-            if let Some(storage) = region_output(out) {
-                storage.tainted = true;
-            }
-        }
-        result.map(|mut a| {
-            a.info
-                .phases
-                .insert("harness: write inputs".into(), p.written);
-            a
-        })
+        let result = self.exchange(slot, &p.req, None);
+        finish_prepared(result, p.written, out)
     }
+}
+
+/// The answer to a prepared request, with the time its inputs took to write; a worker
+/// that crashed mid-case taints the region (not reused, in case it was still writing).
+fn finish_prepared(
+    result: Result<Answer, RunError>,
+    written: f64,
+    out: &mut OutputBuffer,
+) -> Result<Answer, RunError> {
+    if let Err(RunError::Crash(_)) = &result {
+        if let Some(storage) = region_output(out) {
+            storage.tainted = true;
+        }
+    }
+    result.map(|mut a| {
+        a.info
+            .phases
+            .insert("harness: write inputs".into(), written);
+        a
+    })
 }
 
 /// The shared region an output buffer lives in, if it lives in one.
