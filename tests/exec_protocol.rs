@@ -324,3 +324,136 @@ fn pool_runs_cases_concurrently_one_worker_each() {
         }
     });
 }
+
+/// A worker that judges "on its device" (a stand-in: each case takes 50 ms and is
+/// judged clean), logging each request it starts and whether another had already
+/// arrived; with `crash_once`, its second request kills it, once.
+fn judging_stand_in(dir: &std::path::Path, crash_once: bool) -> ExecKernel {
+    let real = start("cpu:chunked", None, Duration::from_secs(30));
+    let mut hello = real.hello().clone();
+    drop(real);
+    hello.protocol = 2;
+    hello.judges_on_device = true;
+    let mut line = serde_json::to_value(&hello).unwrap();
+    line["type"] = "hello".into();
+    std::fs::write(dir.join("hello.json"), line.to_string()).unwrap();
+    let script = r#"
+import json, os, queue, sys, threading, time
+d = sys.argv[1]
+print(open(os.path.join(d, "hello.json")).read(), flush=True)
+lines = queue.Queue()
+def read():
+    for line in sys.stdin:
+        lines.put(line)
+    lines.put(None)
+threading.Thread(target=read, daemon=True).start()
+n = 0
+while True:
+    line = lines.get()
+    if line is None:
+        break
+    req = json.loads(line)
+    n += 1
+    marker = os.path.join(d, "crashed")
+    if sys.argv[2] == "1" and n == 2 and not os.path.exists(marker):
+        open(marker, "w").close()
+        os._exit(3)
+    time.sleep(0.05)
+    with open(os.path.join(d, "log"), "a") as log:
+        log.write(f"{req['id']} {int(lines.qsize() > 0)}\n")
+    print(json.dumps({"type": "result", "id": req["id"], "judgement": {}, "output_written": False}), flush=True)
+"#;
+    std::fs::write(dir.join("stand_in.py"), script).unwrap();
+    let mut cfg = ExecConfig::new(format!(
+        "python3 '{}' '{}' {}",
+        dir.join("stand_in.py").display(),
+        dir.display(),
+        crash_once as u8
+    ));
+    cfg.protocols = vec![2];
+    cfg.fork_server = false;
+    cfg.case_timeout = Duration::from_secs(30);
+    cfg.handshake_timeout = Duration::from_secs(30);
+    ExecKernel::start("judging", cfg).expect("the stand-in starts")
+}
+
+/// Six device-judged cases at once on one worker: each result comes back to its own
+/// case, and requests reach the worker while the one before runs (queued behind it).
+#[test]
+fn device_judged_requests_queue_behind_a_busy_worker() {
+    let dir = tempfile::tempdir().unwrap();
+    let k = judging_stand_in(dir.path(), false);
+    k.device_judge().expect("the stand-in judges on its device");
+    let cs: Vec<Case> = cases()
+        .into_iter()
+        .chain(cases().into_iter().take(2))
+        .collect();
+    let req = kernel::DeviceJudgeRequest::new(
+        mqa_fuzz::case::ScalePlacement::AfterReluSum,
+        [1e-3, 1e-3, 1e-6],
+        Vec::new(),
+    );
+    let results: Vec<_> = std::thread::scope(|s| {
+        let hs: Vec<_> = cs
+            .iter()
+            .map(|c| {
+                s.spawn(|| {
+                    let mut out = k.output_for_judged(c);
+                    k.run_judged(c, &req, &mut out)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for r in &results {
+        let run = r.as_ref().expect("every case answered");
+        assert_eq!(run.judgement.rows, 0, "the stand-in's empty judgement");
+        assert!(!run.output_written);
+    }
+    let log = std::fs::read_to_string(dir.path().join("log")).unwrap();
+    let started: Vec<(u64, bool)> = log
+        .lines()
+        .map(|l| {
+            let (id, ahead) = l.split_once(' ').unwrap();
+            (id.parse().unwrap(), ahead == "1")
+        })
+        .collect();
+    assert_eq!(started.len(), 6, "{log}");
+    assert!(
+        started.iter().filter(|(_, ahead)| *ahead).count() >= 3,
+        "the next request was at the worker while one ran: {log}"
+    );
+}
+
+/// The worker dies on a case while the next one waits behind it: the dying case is a
+/// crash, the one behind it is sent again to the restarted worker and answered.
+#[test]
+fn a_request_behind_a_crash_is_sent_again_not_blamed() {
+    let dir = tempfile::tempdir().unwrap();
+    let k = judging_stand_in(dir.path(), true);
+    let cs = cases();
+    let req = kernel::DeviceJudgeRequest::new(
+        mqa_fuzz::case::ScalePlacement::AfterReluSum,
+        [1e-3, 1e-3, 1e-6],
+        Vec::new(),
+    );
+    let results: Vec<_> = std::thread::scope(|s| {
+        let hs: Vec<_> = cs
+            .iter()
+            .map(|c| {
+                s.spawn(|| {
+                    let mut out = k.output_for_judged(c);
+                    k.run_judged(c, &req, &mut out)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let crashes = results
+        .iter()
+        .filter(|r| matches!(r, Err(RunError::Crash(_))))
+        .count();
+    let answered = results.iter().filter(|r| r.is_ok()).count();
+    assert_eq!((crashes, answered), (1, 3), "{results:?}");
+    assert_eq!(k.restart_stats().restarts, 1);
+}
