@@ -32,6 +32,9 @@ struct Lane {
 struct State {
     free: Vec<usize>,
     lanes: Vec<Lane>,
+    /// Requests waiting in [`Lanes::take`]: while any does, nothing queues behind a
+    /// busy slot, so the next slot given up goes free and a waiting request can take it.
+    waiting_plain: usize,
 }
 
 /// Where a request got a slot.
@@ -57,6 +60,7 @@ impl Lanes {
             state: Mutex::new(State {
                 free: (0..slots).rev().collect(),
                 lanes: (0..slots).map(|_| Lane::default()).collect(),
+                waiting_plain: 0,
             }),
             changed: Condvar::new(),
             pipelined,
@@ -67,12 +71,15 @@ impl Lanes {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A free slot, waiting for one.
+    /// A free slot, waiting for one (and keeping other requests from queueing behind
+    /// busy slots meanwhile, so it is not passed over for good).
     pub fn take(&self) -> usize {
         let mut s = self.lock();
+        s.waiting_plain += 1;
         loop {
             if let Some(k) = s.free.pop() {
                 s.lanes[k].busy = true;
+                s.waiting_plain -= 1;
                 return k;
             }
             s = self.changed.wait(s).unwrap_or_else(|e| e.into_inner());
@@ -88,7 +95,7 @@ impl Lanes {
                 s.lanes[k].busy = true;
                 return Taken::Own(k);
             }
-            if self.pipelined {
+            if self.pipelined && s.waiting_plain == 0 {
                 if let Some(k) = s.lanes.iter().position(|l| l.busy && l.behind.is_none()) {
                     s.lanes[k].behind = Some(Behind {
                         line: Some(line.to_string()),
@@ -189,6 +196,35 @@ mod tests {
         assert_eq!(lanes.wait_turn(0), None);
         lanes.give(0);
         assert_eq!(lanes.take(), 0, "free again once nothing waits behind it");
+    }
+
+    #[test]
+    fn a_request_waiting_for_a_free_slot_is_not_passed_over_by_queued_ones() {
+        let lanes = Arc::new(Lanes::new(1, true));
+        assert_eq!(lanes.take_or_queue("a"), Taken::Own(0));
+        let plain = {
+            let l = lanes.clone();
+            std::thread::spawn(move || l.take())
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        // While it waits, nothing queues behind the busy slot.
+        let queued = {
+            let l = lanes.clone();
+            std::thread::spawn(move || l.take_or_queue("b"))
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(
+            !queued.is_finished(),
+            "no place behind while a plain request waits"
+        );
+        lanes.give(0);
+        // The slot went free: one of the two has it; the other gets it (or, once no
+        // plain request waits, the place behind it) after.
+        std::thread::sleep(Duration::from_millis(50));
+        lanes.give(0);
+        assert_eq!(plain.join().unwrap(), 0);
+        let q = queued.join().unwrap();
+        assert!(matches!(q, Taken::Own(0) | Taken::Behind(0)), "{q:?}");
     }
 
     #[test]
