@@ -30,11 +30,13 @@
 # findings    ~8 min, 1 GPU              findings are bugs: the CUDA double-bug selftest row (while
 #                                        DeepGEMM builds); DeepGEMM over --profile all for BUDGET s
 #                                        (200), each bug its own finding with trigger and tier
-# speed       ~2 min build + 4 x BUDGET  real-kernel speed, the old binary (OLD_BIN, default ./mqa-fuzz-old,
-#             (100 s) + 2 x 45 s, 1 GPU  with its adapters in OLD_ADAPTERS) beside this one on the same
+# speed       ~2 min build + WARMUP      real-kernel speed, the old binary (OLD_BIN, default ./mqa-fuzz-old,
+#             (45 s) + 4 x BUDGET (100 s) with its adapters in OLD_ADAPTERS) beside this one on the same
 #                                        seeds: DeepGEMM over PROFILES (all production; none: skip
 #                                        DeepGEMM), and cuda:tiled (an isolated worker) over TILED_PROFILES
-#                                        (all); cases/s, restarts, compile time, tokens per case; then
+#                                        (all), DeepGEMM's JIT warmed first (scripts/gpu/deepgemm_jit.py,
+#                                        then a WARMUP s campaign; WARMUP=0 skips); cases/s, restarts,
+#                                        compile time, tokens per case; then
 #                                        `bench judge` (the CPU judge, old and new, on this host) and
 #                                        `bench host` (the request path of production cases)
 # hosted      ~2 min (+ DeepGEMM build   adapters served hosted (libmqa_fuzz.so in the adapter's process
@@ -79,7 +81,7 @@ if [ "${1:-}" = "--stage" ]; then
     done
     [ -n "${OLD_BIN:-}" ] && strip -o "$dest/mqa-fuzz-old" "$OLD_BIN"
     cp "$0" "$dest/gpu-check.sh"
-    mkdir -p "$dest/gpu" && cp "$here"/gpu/*.sh "$dest/gpu/"
+    mkdir -p "$dest/gpu" && cp "$here"/gpu/*.sh "$here"/gpu/*.py "$dest/gpu/"
     rm -rf "$dest/external" && cp -r "$root/kernels/external" "$dest/external"
     mkdir -p "$dest/dg"
     if [ ! -d "$dest/dg/x/usr/include/elfutils" ]; then
@@ -334,6 +336,13 @@ check_speed() {
     [ "${PROFILES:-}" = none ] || deepgemm_env || return 3
     local t=${BUDGET:-100} seed=${SEED:-9} p
     [ -x "$old" ] || echo "no old binary at $old: this binary alone"
+    if [ "${PROFILES:-}" != none ] && [ "${WARMUP:-45}" != 0 ]; then
+        # DeepGEMM compiles with nvcc per shape (about 2 s each, once per machine): warm
+        # its JIT first, or whichever binary runs first pays for both.
+        python3 "$gdir/deepgemm_jit.py" warm-up 2>&1 | tee "$W/logs/deepgemm-jit.log" | tail -2
+        python3 "$gdir/deepgemm_jit.py" fresh-process 2>&1 | tee -a "$W/logs/deepgemm-jit.log" | tail -2
+        campaign speed-warmup-dg --kernel deepgemm --profile all --budget "${WARMUP:-45}" --seed 5 >/dev/null
+    fi
     for p in ${PROFILES:-all production}; do
         [ "$p" = none ] && continue
         [ -x "$old" ] && MQA_FUZZ_ADAPTERS="$olda" BIN="$old" \
