@@ -377,6 +377,27 @@ while True:
     ExecKernel::start("judging", cfg).expect("the stand-in starts")
 }
 
+/// Every case judged "on the device" at once, one thread each, in the cases' order.
+fn judge_at_once(k: &ExecKernel, cs: &[Case]) -> Vec<Result<kernel::JudgedRun, RunError>> {
+    let req = kernel::DeviceJudgeRequest::new(
+        mqa_fuzz::case::ScalePlacement::AfterReluSum,
+        [1e-3, 1e-3, 1e-6],
+        Vec::new(),
+    );
+    std::thread::scope(|s| {
+        let hs: Vec<_> = cs
+            .iter()
+            .map(|c| {
+                s.spawn(|| {
+                    let mut out = k.output_for_judged(c);
+                    k.run_judged(c, &req, &mut out)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
 /// Six device-judged cases at once on one worker: each result comes back to its own
 /// case, and requests reach the worker while the one before runs (queued behind it).
 #[test]
@@ -388,23 +409,7 @@ fn device_judged_requests_queue_behind_a_busy_worker() {
         .into_iter()
         .chain(cases().into_iter().take(2))
         .collect();
-    let req = kernel::DeviceJudgeRequest::new(
-        mqa_fuzz::case::ScalePlacement::AfterReluSum,
-        [1e-3, 1e-3, 1e-6],
-        Vec::new(),
-    );
-    let results: Vec<_> = std::thread::scope(|s| {
-        let hs: Vec<_> = cs
-            .iter()
-            .map(|c| {
-                s.spawn(|| {
-                    let mut out = k.output_for_judged(c);
-                    k.run_judged(c, &req, &mut out)
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    });
+    let results = judge_at_once(&k, &cs);
     for r in &results {
         let run = r.as_ref().expect("every case answered");
         assert_eq!(run.judgement.rows, 0, "the stand-in's empty judgement");
@@ -432,23 +437,7 @@ fn a_request_behind_a_crash_is_sent_again_not_blamed() {
     let dir = tempfile::tempdir().unwrap();
     let k = judging_stand_in(dir.path(), true);
     let cs = cases();
-    let req = kernel::DeviceJudgeRequest::new(
-        mqa_fuzz::case::ScalePlacement::AfterReluSum,
-        [1e-3, 1e-3, 1e-6],
-        Vec::new(),
-    );
-    let results: Vec<_> = std::thread::scope(|s| {
-        let hs: Vec<_> = cs
-            .iter()
-            .map(|c| {
-                s.spawn(|| {
-                    let mut out = k.output_for_judged(c);
-                    k.run_judged(c, &req, &mut out)
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    });
+    let results = judge_at_once(&k, &cs);
     let crashes = results
         .iter()
         .filter(|r| matches!(r, Err(RunError::Crash(_))))

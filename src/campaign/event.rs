@@ -143,22 +143,8 @@ impl CasesLog {
             return;
         };
         let g = &done.generated;
-        let verdicts: Vec<serde_json::Value> = engine
-            .kernels
-            .iter()
-            .zip(&judgement.runs)
-            .map(|(k, run)| {
-                serde_json::json!({"kernel": k.name(), "classes": run.verdict.finding_classes()})
-            })
-            .collect();
-        self.lines.push(serde_json::json!({
-            "k": g.k,
-            "seed": format!("{:#018x}", g.seed),
-            "recipe": serde_json::to_value(&g.recipe).unwrap_or_default(),
-            "verdicts": verdicts,
-        }));
         let ms = |s: f64| (s * 1e5).round() / 100.0;
-        let runs: Vec<serde_json::Value> = engine
+        let (verdicts, runs): (Vec<serde_json::Value>, Vec<serde_json::Value>) = engine
             .kernels
             .iter()
             .zip(&judgement.runs)
@@ -170,13 +156,22 @@ impl CasesLog {
                     .iter()
                     .map(|(p, s)| (p.clone(), ms(*s).into()))
                     .collect();
-                serde_json::json!({
-                    "kernel": k.name(),
-                    "run_ms": ms(run.wall_secs),
-                    "phases_ms": phases,
-                })
+                (
+                    serde_json::json!({"kernel": k.name(), "classes": run.verdict.finding_classes()}),
+                    serde_json::json!({
+                        "kernel": k.name(),
+                        "run_ms": ms(run.wall_secs),
+                        "phases_ms": phases,
+                    }),
+                )
             })
-            .collect();
+            .unzip();
+        self.lines.push(serde_json::json!({
+            "k": g.k,
+            "seed": format!("{:#018x}", g.seed),
+            "recipe": serde_json::to_value(&g.recipe).unwrap_or_default(),
+            "verdicts": verdicts,
+        }));
         self.timings.push(serde_json::json!({
             "k": g.k,
             "generate_ms": ms(g.generate_secs),
