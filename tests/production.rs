@@ -285,6 +285,77 @@ fn production_finds_the_32_bit_kv_offset_bug_and_names_the_population() {
     );
 }
 
+/// Pool blocks and stride, block size, format and next_n.
+type Server = (u64, u64, u64, String, u64);
+
+/// Each generated case's server as `cases.jsonl` records it, in case order: pool
+/// blocks and stride, block size, format and next_n, and the batch (requests).
+fn servers(args: &[&str], name: &str) -> Vec<(Server, usize)> {
+    let d = tmp(name);
+    let out = Command::new(BIN)
+        .args(["run", "--kernel", "cpu:chunked", "--profile", "production"])
+        .args(["--seed", "7", "--no-replay", "--no-shrink", "-q"])
+        .args(args)
+        .args(["--corpus", d.join("corpus").to_str().unwrap()])
+        .args(["--report", d.join("report").to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let log = std::fs::read_to_string(d.join("report/cases.jsonl")).unwrap();
+    let _ = std::fs::remove_dir_all(&d);
+    let mut cases: Vec<(u64, _)> = log
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            let r = &v["recipe"];
+            let pool = &r["offsets"]["pool"];
+            let u = |x: &serde_json::Value| x.as_u64().unwrap();
+            let server = (
+                u(&pool["blocks"]),
+                u(&pool["stride"]),
+                u(&r["block_size"]),
+                r["format"].as_str().unwrap().to_string(),
+                u(&r["next_n"]),
+            );
+            let lens = r["lens"].as_object().unwrap().values().next().unwrap();
+            (u(&v["k"]), (server, lens.as_array().unwrap().len()))
+        })
+        .collect();
+    cases.sort_by_key(|c| c.0);
+    cases.into_iter().map(|(_, c)| c).collect()
+}
+
+/// Production cases come in deployments: consecutive cases share one server's pool,
+/// block size, format and MTP depth (a GPU worker maps and poisons the pool once for
+/// all of them) while their batches vary; the next deployment is another server, and
+/// `--deployment-epoch 1` gives every case its own.
+#[test]
+fn production_cases_share_a_server_for_a_deployment() {
+    let pinned = servers(&["--cases", "8", "--deployment-epoch", "4"], "dep4");
+    assert_eq!(pinned.len(), 8);
+    for epoch in pinned.chunks(4) {
+        assert!(
+            epoch.iter().all(|c| c.0 == epoch[0].0),
+            "one server per deployment: {epoch:?}"
+        );
+        assert!(
+            epoch.iter().any(|c| c.1 != epoch[0].1),
+            "batches vary within a deployment: {epoch:?}"
+        );
+    }
+    assert_ne!(pinned[0].0, pinned[4].0, "deployments differ: {pinned:?}");
+    let free = servers(&["--cases", "4", "--deployment-epoch", "1"], "dep1");
+    assert!(
+        free.iter().any(|c| c.0 != free[0].0),
+        "--deployment-epoch 1: a server per case: {free:?}"
+    );
+}
+
 #[test]
 fn bad_scales_are_usage_errors() {
     for bad in ["0", "-1", "2", "1/0", "x"] {

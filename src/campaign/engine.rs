@@ -12,7 +12,7 @@ use crate::harness::{self, ReferenceCache};
 use crate::kernel::{self, Kernel};
 use crate::oracle::{Class, OracleConfig, Verdict};
 use crate::reference::verify::VerifyMode;
-use proptest::strategy::SBoxedStrategy;
+use proptest::strategy::{SBoxedStrategy, Strategy};
 use std::time::Instant;
 
 pub(super) struct Engine<'a> {
@@ -27,6 +27,9 @@ pub(super) struct Engine<'a> {
     pub production_verify: VerifyMode,
     /// Shape epochs over the kernels' compile key (`--shape-epoch`; `None`: off).
     pub epochs: Option<Epochs>,
+    /// Consecutive production cases per deployment (`--deployment-epoch`; `None`: off;
+    /// see `generate::epoch`).
+    pub deployments: Option<u64>,
     /// Whether a kernel is judged on the CPU: then every case's keys are drawn on the
     /// host with the case (else a GPU worker draws them, and the host only the few
     /// blocks its re-check reads).
@@ -116,8 +119,12 @@ impl Engine<'_> {
         self.in_epoch(k, value_tree(&self.strategy(k), seed).current())
     }
 
-    /// `draw` (of case `k`, or a shrink step of it) with its epoch's compile key.
+    /// `draw` (of case `k`, or a shrink step of it) with its deployment's server (a
+    /// production draw) and its epoch's compile key.
     pub fn in_epoch(&self, k: u64, mut draw: Draw) -> Draw {
+        if let (Some(len), Some(_)) = (self.deployments, &draw.engine) {
+            epoch::pin_deployment(&mut draw, &self.deployment_leader(len, k));
+        }
         if let Some(ep) = &self.epochs {
             if let Some(leader) = self.epoch_leader(ep, k, draw.engine.is_some()) {
                 epoch::pin(&mut draw, &leader, &ep.fields);
@@ -136,6 +143,18 @@ impl Engine<'_> {
             let d = value_tree(&self.strategy(e * ep.len), seed).current();
             (d.engine.is_some() == production).then_some(d)
         })
+    }
+
+    /// The server of case `k`'s deployment: a production draw of the deployment's own
+    /// seed.
+    fn deployment_leader(&self, len: u64, k: u64) -> Draw {
+        const SALT: u64 = 0xde91_0e5e;
+        let seed = super::case_seed(self.cfg.seed ^ SALT, k / len);
+        value_tree(
+            &crate::generate::engine::production(self.scale).sboxed(),
+            seed,
+        )
+        .current()
     }
 
     /// Generates case `k` from its seed, runs it on every kernel and judges it.

@@ -244,6 +244,7 @@ mod tests {
             verify: crate::reference::verify::VerifyMode::Boundaries,
             production_verify: crate::reference::verify::VerifyMode::Boundaries,
             epochs: None,
+            deployments: None,
             host_values: true,
         };
         let (mut tally, mut keys) = (Tally::default(), BTreeSet::new());

@@ -84,7 +84,15 @@ pub struct Config {
     /// Cases per shape epoch (`--shape-epoch`; `None`: the default where a kernel
     /// declares a compile key; 0 or 1: off).
     pub shape_epoch: Option<u64>,
+    /// Consecutive production cases per deployment (`--deployment-epoch`; `None`:
+    /// [`DEFAULT_DEPLOYMENT_EPOCH`]; 0 or 1: off).
+    pub deployment_epoch: Option<u64>,
 }
+
+/// Production cases per deployment by default: a GPU worker maps and poisons a pool
+/// once for this many cases (a third of a production case's device time when it is
+/// done per case), and a one-minute campaign on a CPU still visits a few servers.
+pub const DEFAULT_DEPLOYMENT_EPOCH: u64 = 16;
 
 /// `--shrink-share`'s default: shrinking may use 30% of the wall budget.
 pub const DEFAULT_SHRINK_SHARE: f64 = 0.30;
@@ -127,6 +135,7 @@ impl Config {
             properties: Default::default(),
             sanitize: Default::default(),
             shape_epoch: None,
+            deployment_epoch: None,
         }
     }
 }

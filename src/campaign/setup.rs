@@ -124,6 +124,15 @@ pub(super) fn start(
         );
     }
     let epochs = shape_epochs(cfg, &kernels);
+    let deployments = cfg
+        .deployment_epoch
+        .unwrap_or(super::DEFAULT_DEPLOYMENT_EPOCH);
+    let deployments = (engine_sized && deployments > 1).then_some(deployments);
+    if let (Some(n), false) = (deployments, cfg.quiet) {
+        eprintln!(
+            "mqa-fuzz: production cases in deployments of {n}: consecutive cases share a server's model, platform and KV pool (--deployment-epoch 1 turns this off)"
+        );
+    }
     let engine = Engine {
         cfg,
         kernels,
@@ -132,6 +141,7 @@ pub(super) fn start(
         verify: cfg.verify.unwrap_or_default(),
         production_verify,
         epochs,
+        deployments,
         host_values,
     };
     Ok((engine, corpus))

@@ -411,6 +411,12 @@ pub struct RunArgs {
     /// it off.
     #[arg(long, value_name = "N")]
     pub shape_epoch: Option<u64>,
+    /// Consecutive production-profile cases that share a deployment: the model,
+    /// max_model_len, platform, MTP depth and KV pool of one server (its batches, churn
+    /// and values vary), as the steps of a server do. Default 16; 1 gives every case a
+    /// server of its own.
+    #[arg(long, value_name = "N")]
+    pub deployment_epoch: Option<u64>,
     /// Stop generating after this many distinct findings (e.g. 1 for a quick gate).
     #[arg(long)]
     pub max_findings: Option<usize>,

@@ -138,6 +138,7 @@ pub(super) fn cmd_run(args: RunArgs) -> Result<i32, Fatal> {
     }
     cfg.scale = args.scale;
     cfg.shape_epoch = args.shape_epoch;
+    cfg.deployment_epoch = args.deployment_epoch;
     cfg.properties = crate::property::PropertyConfig {
         repeat: args.repeat,
         batch: args.batch_invariance,

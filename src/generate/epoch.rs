@@ -8,7 +8,17 @@
 //! production leader and the others from a non-production one, so engine-shaped cases
 //! keep an engine's shape. Every epoch draws a new leader, so over a campaign the key
 //! fields reach the values they would reach anyway.
+//!
+//! Production draws also run in *deployments* ([`pin_deployment`]): a server's model,
+//! max_model_len, platform (format, block size, layout), MTP depth and KV pool (budget,
+//! slab stride) are fixed when it starts, and what changes from one step to the next is
+//! the batch, the churn and the occupancy. Consecutive production cases share their
+//! deployment leader's, so they share a pool geometry, as the steps of one server do,
+//! and a GPU worker keeps the pool it mapped and poisoned instead of redoing both per
+//! case.
 
+#[cfg(test)]
+use super::strategy::LensDraw;
 use super::Draw;
 use crate::kernel::CompileField;
 
@@ -55,6 +65,44 @@ pub fn pin(draw: &mut Draw, leader: &Draw, fields: &[CompileField]) {
     }
 }
 
+/// Gives a production `draw` its deployment `leader`'s server: model, max_model_len,
+/// platform (fp8 format, block size, layout, 2-D lengths), MTP depth and KV pool
+/// (budget, slab stride, bytes per token). Its own batch, churn, occupancy, table and
+/// values stay. Its lengths are kept within the new max_model_len, and the request that
+/// had run up to the old cap stays as far below the new one. A draw or leader without
+/// an engine model is left alone.
+pub fn pin_deployment(draw: &mut Draw, leader: &Draw) {
+    let (Some(e), Some(l)) = (draw.engine.as_mut(), leader.engine.as_ref()) else {
+        return;
+    };
+    let old_cap = e.max_model_len;
+    e.model = l.model.clone();
+    e.max_model_len = l.max_model_len;
+    e.platform = l.platform;
+    e.budget_bytes = l.budget_bytes;
+    e.slab_stride_64 = l.slab_stride_64;
+    e.pool_bytes_per_token = l.pool_bytes_per_token;
+    draw.knobs.block_size = leader.knobs.block_size;
+    draw.knobs.format = leader.knobs.format;
+    draw.knobs.next_n = leader.knobs.next_n;
+    draw.shuffle16 = leader.shuffle16;
+    draw.per_token = leader.per_token.clone();
+    let (cap, next_n, capped) = (e.max_model_len, draw.knobs.next_n, e.capped);
+    if let super::strategy::LensDraw::Explicit(lens) = &mut draw.lens {
+        for (i, l) in lens.iter_mut().enumerate() {
+            if *l == 0 {
+                continue;
+            }
+            let len = if capped == Some(i) {
+                cap.saturating_sub(old_cap.saturating_sub(*l as usize))
+            } else {
+                *l as usize
+            };
+            *l = len.clamp(next_n, cap.max(next_n)) as u32;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -85,6 +133,87 @@ mod tests {
         );
         assert_eq!(d.lens, before.lens);
         assert_eq!(d.knobs.seed, before.knobs.seed);
+    }
+
+    #[test]
+    fn a_deployment_pins_the_server_and_keeps_the_batch() {
+        let mut runner = TestRunner::deterministic();
+        let s = draw_strategy(Profile::Production);
+        let mut pick = || s.new_tree(&mut runner).unwrap().current();
+        let leader = pick();
+        let engine = |d: &Draw| d.engine.clone().unwrap();
+        // A draw of another server whose batch has a request at its own cap.
+        let mut d = pick();
+        while engine(&d).max_model_len <= engine(&leader).max_model_len
+            || engine(&d).capped.is_none()
+        {
+            d = pick();
+        }
+        let before = d.clone();
+        pin_deployment(&mut d, &leader);
+        let (e, l) = (engine(&d), engine(&leader));
+        assert_eq!(
+            (
+                e.model.as_str(),
+                e.max_model_len,
+                e.platform,
+                e.budget_bytes
+            ),
+            (
+                l.model.as_str(),
+                l.max_model_len,
+                l.platform,
+                l.budget_bytes
+            )
+        );
+        assert_eq!(
+            (e.slab_stride_64, e.pool_bytes_per_token),
+            (l.slab_stride_64, l.pool_bytes_per_token)
+        );
+        assert_eq!(
+            (
+                d.knobs.block_size,
+                d.knobs.format,
+                d.knobs.next_n,
+                d.shuffle16
+            ),
+            (
+                leader.knobs.block_size,
+                leader.knobs.format,
+                leader.knobs.next_n,
+                leader.shuffle16
+            )
+        );
+        assert_eq!(d.per_token, leader.per_token);
+        // The step's own traffic, churn and values stay.
+        let b = engine(&before);
+        assert_eq!(
+            (e.traffic, e.churn, e.occupancy_pct),
+            (b.traffic, b.churn, b.occupancy_pct)
+        );
+        assert_eq!(d.knobs.seed, before.knobs.seed);
+        let (LensDraw::Explicit(lens), LensDraw::Explicit(old)) = (&d.lens, &before.lens) else {
+            panic!("production draws have explicit lengths");
+        };
+        assert_eq!(lens.len(), old.len());
+        let i = e.capped.unwrap();
+        assert_eq!(
+            l.max_model_len - lens[i] as usize,
+            (b.max_model_len - old[i] as usize).min(l.max_model_len - d.knobs.next_n),
+            "the capped request stays as far below the new cap"
+        );
+        for (&n, &o) in lens.iter().zip(old) {
+            assert!(n as usize <= l.max_model_len);
+            assert_eq!(n == 0, o == 0, "empty requests stay empty");
+        }
+        // A draw without an engine model (another profile's) is left alone.
+        let mut dense = draw_strategy(Profile::Layout)
+            .new_tree(&mut runner)
+            .unwrap()
+            .current();
+        let copy = dense.clone();
+        pin_deployment(&mut dense, &leader);
+        assert_eq!(dense, copy);
     }
 
     #[test]
