@@ -108,6 +108,9 @@ pub fn scan<S: ElementSink>(
         let len = case.valid_len(r).min(row.len());
         let rref = reference.rows.get(r).and_then(|x| x.as_ref());
         let mut listed = rref.map(|rr| rr.elements().take_while(|&(t, _, _)| t < len).peekable());
+        let batch = unlisted_batch(case, reference, rref, (r, &row[..len]));
+        let mut batched = batch.as_ref().map(|b| b.elements().peekable());
+        let mut bounded = 0;
         let mut mags = None;
         for (t, &got) in row[..len].iter().enumerate() {
             let e = match listed
@@ -131,7 +134,19 @@ pub fn scan<S: ElementSink>(
                     listed: false,
                     seen: Seen::Unchecked,
                 },
-                None => unlisted_element(case, reference, bound, (r, t), got),
+                None => match batched
+                    .as_mut()
+                    .and_then(|it| it.next_if(|&(p, _, _)| p == t))
+                {
+                    Some((_, exp, relu_mag)) => {
+                        // The first few get their full bound (what examples show).
+                        bounded += 1;
+                        let abs_mag = (bounded <= BOUNDED_UNLISTED)
+                            .then(|| Magnitudes::Row(&mut mags).abs_mag(case, r, t));
+                        batched_element(bound, (r, t), got, (exp, relu_mag, abs_mag))
+                    }
+                    None => unlisted_element(case, reference, bound, (r, t), got),
+                },
             };
             sink.element(&e);
         }
@@ -206,6 +221,70 @@ fn listed_element<'c>(
     }
 }
 
+/// Unlisted non-finite elements of a row from which their references are computed
+/// together by the fast path (one GEMM for the row) rather than one plain
+/// `reference::element` each: a kernel that writes NaN over whole rows put 4.4 M of
+/// them in one case of a CPU campaign, 87 s of judging one at a time.
+const BATCH_UNLISTED: usize = 16;
+/// Of a batch, the elements given their full bound (a D×H recomputation each): the
+/// first of a row, which are the ones a verdict's examples show.
+const BOUNDED_UNLISTED: usize = 8;
+
+/// The references of row `r`'s non-finite elements outside its sample, computed
+/// together when there are at least [`BATCH_UNLISTED`] of them.
+fn unlisted_batch(
+    case: &Case,
+    reference: &Reference,
+    rref: Option<&RowReference>,
+    (r, row): (usize, &[f32]),
+) -> Option<RowReference> {
+    if rref.is_some_and(|rr| rr.is_dense()) {
+        return None;
+    }
+    let listed = rref.and_then(|rr| rr.positions.as_deref()).unwrap_or(&[]);
+    let positions: Vec<usize> = (0..row.len())
+        .filter(|&t| !row[t].is_finite() && listed.binary_search(&t).is_err())
+        .collect();
+    if positions.len() < BATCH_UNLISTED {
+        return None;
+    }
+    let mut wants = vec![None; case.rows()];
+    wants[r] = Some(reference::fast::Want::Sparse(positions));
+    let mut rows =
+        reference::fast::compute(case, reference.placement, &wants, reference::Backend::Fused);
+    rows[r].take()
+}
+
+/// A non-finite element outside the reference sample whose reference came in a batch
+/// ([`unlisted_batch`]); `abs_mag` where its full bound is wanted.
+fn batched_element(
+    bound: &ErrorBound,
+    (r, t): (usize, usize),
+    got: f32,
+    (exp, relu_mag, abs_mag): (f64, f64, Option<f64>),
+) -> Element {
+    let seen = match classify(got, exp, relu_mag, bound, || abs_mag.unwrap_or(0.0)) {
+        ElementClass::Finding(class) => Seen::Finding {
+            class,
+            bound: abs_mag.map(|a| bound.full(relu_mag, a)),
+        },
+        ElementClass::Undefined => Seen::Undefined,
+        ElementClass::Ok => Seen::Ok {
+            err: 0.0,
+            bound: 0.0,
+        },
+    };
+    debug_assert!(got.to_bits() == POISON_BITS || !got.is_finite());
+    Element {
+        row: r,
+        pos: t,
+        got,
+        expected: Some(exp),
+        listed: false,
+        seen,
+    }
+}
+
 /// A NaN, ±inf or poison outside the reference sample, judged against that one
 /// element's plain reference (a sampled verdict is never "clean" while the guard says
 /// it is needed).
@@ -237,5 +316,86 @@ fn unlisted_element(
         expected: Some(exp),
         listed: false,
         seen,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::case::ScalePlacement;
+    use crate::generate::Recipe;
+    use crate::reference::{PositionSet, RowSelection};
+    use std::collections::BTreeMap;
+
+    /// Collects what the scan saw.
+    struct Collect(Vec<Element>);
+    impl ElementSink for Collect {
+        fn element(&mut self, e: &Element) {
+            self.0.push(*e);
+        }
+    }
+
+    /// A row of NaNs outside a sampled reference: past [`BATCH_UNLISTED`] of them their
+    /// references come from one fast-path batch, and every element is seen exactly as
+    /// the one-at-a-time path sees it (class and exact value; the first few with the
+    /// same full bound).
+    #[test]
+    fn a_batch_of_unlisted_nans_is_judged_as_one_at_a_time() {
+        let case = Recipe::small(vec![300, 40], 2, 7).materialize();
+        let placement = ScalePlacement::AfterReluSum;
+        let map: BTreeMap<usize, PositionSet> = [
+            (0, PositionSet::Some(vec![0, 5, 299])),
+            (2, PositionSet::Some(vec![1])),
+        ]
+        .into();
+        let reference = crate::reference::compute(&case, placement, &RowSelection::Positions(map));
+        let bound = ErrorBound::for_kernel(crate::kernel::Accumulation::F32, &case.shape);
+        let mut out = OutputBuffer::for_case(&case);
+        out.interior_mut().fill(1.0);
+        for t in 0..case.valid_len(0) {
+            out.set(0, t, if t % 3 == 0 { f32::NAN } else { 1.0 });
+        }
+        for t in 0..5 {
+            out.set(2, t, f32::INFINITY);
+        }
+        let mut sink = Collect(Vec::new());
+        scan(&case, &reference, &bound, &out, 0..case.rows(), &mut sink);
+        let unlisted: Vec<&Element> = sink
+            .0
+            .iter()
+            .filter(|e| !e.listed && e.expected.is_some())
+            .collect();
+        let batched = unlisted.iter().filter(|e| e.row == 0).count();
+        assert!(batched >= BATCH_UNLISTED, "row 0 is batched: {batched}");
+        let mut bounded = 0;
+        for e in &unlisted {
+            let one = unlisted_element(&case, &reference, &bound, (e.row, e.pos), e.got);
+            assert_eq!(
+                e.expected.map(f64::to_bits),
+                one.expected.map(f64::to_bits),
+                "{e:?}"
+            );
+            match (e.seen, one.seen) {
+                (
+                    Seen::Finding {
+                        class: a,
+                        bound: ba,
+                    },
+                    Seen::Finding {
+                        class: b,
+                        bound: bb,
+                    },
+                ) => {
+                    assert_eq!(a, b);
+                    if let Some(ba) = ba {
+                        bounded += 1;
+                        assert_eq!(Some(ba), bb, "{e:?}");
+                    }
+                }
+                (a, b) => assert_eq!(a, b, "{e:?}"),
+            }
+        }
+        // Row 0's first few and row 2's four unlisted (too few to batch) carry bounds.
+        assert_eq!(bounded, BOUNDED_UNLISTED + 4);
     }
 }
