@@ -512,6 +512,51 @@ fn a_forked_worker_killed_mid_case_is_a_crash_and_the_next_life_runs_on() {
     }
 }
 
+/// A fork server forks each next life ahead: a worker whose set-up takes 0.6 s (as a
+/// device initialisation does) is SIGKILLed on its second case, and the restart takes
+/// the life that set itself up meanwhile (well under the set-up time); with spares off
+/// (`MQA_FUZZ_EXEC_SPARE=off`) the restart waits for a whole set-up.
+#[test]
+fn a_restart_takes_the_life_forked_ahead() {
+    require_python!("numpy");
+    let script = format!("{FAKES}/../numpy_adapter.py");
+    for spare in [true, false] {
+        let mut cfg = ExecConfig::new(format!(
+            "python3 {script} --setup-delay 0.6 --fault kill-at=2"
+        ));
+        cfg.spare_lives = spare;
+        let k = ExecKernel::start("numpy", cfg).expect("adapter starts");
+        let cases: Vec<Case> = (0..3)
+            .map(|s| Recipe::small(vec![300, 17], 2, s).materialize())
+            .collect();
+        assert!(judge_once(&k, &cases[0]).is_clean());
+        // The spare sets itself up while the first life serves.
+        std::thread::sleep(std::time::Duration::from_millis(1200));
+        assert_eq!(classes(&judge_once(&k, &cases[1])), vec![Class::Crash]);
+        assert!(
+            judge_once(&k, &cases[2]).is_clean(),
+            "the next life runs on"
+        );
+        let r = k.restart_stats();
+        assert_eq!((r.restarts, r.forked), (1, 1), "{r:?}");
+        if spare {
+            assert_eq!(r.from_spare, 1, "{r:?}");
+            assert!(
+                r.max_secs < 0.4,
+                "restart into the spare took {:.2} s",
+                r.max_secs
+            );
+        } else {
+            assert_eq!(r.from_spare, 0, "{r:?}");
+            assert!(
+                r.max_secs >= 0.55,
+                "a fresh life sets up: {:.2} s",
+                r.max_secs
+            );
+        }
+    }
+}
+
 /// An empty scratch directory of this test process.
 fn fresh_dir(name: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("mqa-{name}-{}", std::process::id()));

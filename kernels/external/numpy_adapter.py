@@ -260,6 +260,8 @@ def main():
                     help="reproduce planted bugs (comma-separated): " + ", ".join(PLANTS))
     ap.add_argument("--compile-key", default="", metavar="FIELD[,FIELD...]",
                     help="declare a compile key (as a JIT-compiling library would), e.g. heads,head_dim,next_n")
+    ap.add_argument("--setup-delay", type=float, default=0.0, metavar="SECONDS",
+                    help="take this long to set up each worker life, as a device initialisation does (tests)")
     pc.add_common_args(ap)
     args = ap.parse_args()
     k = Kernel(args.plant)
@@ -273,7 +275,11 @@ def main():
     }
     if args.compile_key:
         hello["compile_key"] = args.compile_key.split(",")
-    pc.serve_forking(lambda: (hello, k.run), args.fault)
+    def setup():
+        time.sleep(args.setup_delay)
+        return hello, k.run
+
+    pc.serve_forking(setup, args.fault)
 
 
 if __name__ == "__main__":

@@ -375,6 +375,9 @@ pub struct WorkerReport {
     pub restart_retries: u64,
     pub restart_max_secs: f64,
     pub restart_mean_secs: f64,
+    /// Restarts served by a life the fork server had started ahead (a spare).
+    #[serde(default)]
+    pub restarts_from_spare: u64,
 }
 
 /// A kernel under test.

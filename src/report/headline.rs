@@ -333,6 +333,9 @@ pub fn throughput(r: &Report) -> Vec<String> {
                     match w.restart_retries {
                         0 => String::new(),
                         r => format!(", {r} failed attempts retried"),
+                    } + &match w.restarts_from_spare {
+                        0 => String::new(),
+                        s => format!(", {s} into a life started ahead"),
                     }
                 ),
             };

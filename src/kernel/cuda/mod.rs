@@ -192,12 +192,12 @@ mod worker {
             .collect();
         // First use compiles kernels (seconds) and multi-GiB cases take a while to lay out.
         config.case_timeout = Duration::from_secs(300);
-        if let Ok(c) = ExecConfig::from_env("") {
-            if std::env::var_os("MQA_FUZZ_EXEC_TIMEOUT").is_some() {
-                config.case_timeout = c.case_timeout;
-            }
-            config.forward_stderr = c.forward_stderr;
+        let c = ExecConfig::from_env("")?;
+        if std::env::var_os("MQA_FUZZ_EXEC_TIMEOUT").is_some() {
+            config.case_timeout = c.case_timeout;
         }
+        config.forward_stderr = c.forward_stderr;
+        config.pipeline = c.pipeline;
         let name = format!("cuda:{}", v.short_name());
         match ExecKernel::start(name, config) {
             Ok(k) => Ok(Box::new(k)),

@@ -26,10 +26,6 @@ mod exchange;
 mod judged;
 mod lanes;
 
-/// Set to `0` to send a worker one request at a time (no request queued behind a busy
-/// worker, see `lanes`).
-const PIPELINE_ENV: &str = "MQA_FUZZ_PIPELINE";
-
 /// Cases in flight per GPU worker: one runs on the device while the others are being
 /// generated, transferred and judged on the host (a real library's kernel takes 0.1 ms;
 /// judging its output on the CPU takes far longer).
@@ -83,6 +79,8 @@ pub struct RestartStats {
     pub max_secs: f64,
     /// Restarts served by a fork server.
     pub forked: u64,
+    /// Restarts served by a spare life forked ahead.
+    pub from_spare: u64,
 }
 
 /// A kernel that lives in worker processes.
@@ -124,7 +122,7 @@ impl ExecKernel {
                 dir,
                 worker: None,
                 protocol: 1,
-                source: Source::default(),
+                source: Source::new(config.spare_lives),
                 region: None,
                 life: 0,
             };
@@ -161,9 +159,7 @@ impl ExecKernel {
         }
         let hello = hello.expect("at least one worker");
         // Device-judged requests queue behind busy workers (see `lanes`).
-        let pipelined = all_v2
-            && hello.judges_on_device
-            && std::env::var(PIPELINE_ENV).map_or(true, |v| v != "0");
+        let pipelined = all_v2 && hello.judges_on_device && config.pipeline;
         Ok(ExecKernel {
             name,
             config,
@@ -192,6 +188,7 @@ impl ExecKernel {
     fn restart(&self, slot: &mut Slot) -> Result<(), RunError> {
         let t0 = Instant::now();
         let mut retries = 0;
+        let spares_before = slot.source.spares_used;
         let h = loop {
             match start_worker(&self.config, slot, &self.offered, "restarted worker") {
                 Ok(h) => break h,
@@ -222,6 +219,7 @@ impl ExecKernel {
         r.total_secs += secs;
         r.max_secs = r.max_secs.max(secs);
         r.forked += u64::from(slot.source.server.is_some());
+        r.from_spare += slot.source.spares_used - spares_before;
         drop(r);
         if !same_contract(&h.capabilities, &self.hello.capabilities) {
             return Err(RunError::Environment(
@@ -495,6 +493,7 @@ impl Kernel for ExecKernel {
             } else {
                 0.0
             },
+            restarts_from_spare: r.from_spare,
         })
     }
 

@@ -23,6 +23,12 @@ pub struct ExecConfig {
     pub fork_server: bool,
     /// The protocol versions offered (`MQA_FUZZ_PROTOCOLS`); a worker must pick one.
     pub protocols: Vec<u64>,
+    /// With a fork server, fork each next worker life ahead so that a restart finds it
+    /// set up (`MQA_FUZZ_EXEC_SPARE=off` turns it off).
+    pub spare_lives: bool,
+    /// Let a device-judged request wait behind a busy worker (`MQA_FUZZ_PIPELINE=off`
+    /// turns it off; see `client::lanes`).
+    pub pipeline: bool,
 }
 
 impl ExecConfig {
@@ -35,6 +41,8 @@ impl ExecConfig {
             forward_stderr: false,
             fork_server: true,
             protocols: protocol::SUPPORTED_PROTOCOLS.to_vec(),
+            spare_lives: true,
+            pipeline: true,
         }
     }
 
@@ -83,7 +91,27 @@ impl ExecConfig {
         c.forward_stderr = std::env::var("MQA_FUZZ_EXEC_STDERR").is_ok_and(|v| v == "1");
         c.fork_server = !std::env::var("MQA_FUZZ_EXEC_FORK").is_ok_and(|v| v == "0");
         c.protocols = protocol::offered_protocols()?;
+        c.spare_lives = switch("MQA_FUZZ_EXEC_SPARE")?.unwrap_or(true);
+        c.pipeline = switch("MQA_FUZZ_PIPELINE")?.unwrap_or(true);
         Ok(c)
+    }
+}
+
+/// An on/off variable: `on`/`1` or `off`/`0` (`None` when unset or empty); anything
+/// else is an error naming it, not silently one or the other.
+pub fn switch(var: &str) -> Result<Option<bool>, String> {
+    parse_switch(var, std::env::var(var).ok().as_deref())
+}
+
+fn parse_switch(var: &str, value: Option<&str>) -> Result<Option<bool>, String> {
+    match value.map(|v| v.trim().to_ascii_lowercase()).as_deref() {
+        None | Some("") => Ok(None),
+        Some("on" | "1") => Ok(Some(true)),
+        Some("off" | "0") => Ok(Some(false)),
+        Some(_) => Err(format!(
+            "{var}={:?}: use on or off",
+            value.unwrap_or_default()
+        )),
     }
 }
 
@@ -94,4 +122,21 @@ pub fn device_env(device: &str) -> Vec<(String, String)> {
         ("HIP_VISIBLE_DEVICES".into(), device.into()),
         ("MQA_FUZZ_WORKER_DEVICE".into(), device.into()),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_switch;
+
+    #[test]
+    fn switches_take_on_and_off_and_refuse_the_rest() {
+        assert_eq!(parse_switch("X", None), Ok(None));
+        assert_eq!(parse_switch("X", Some("")), Ok(None));
+        assert_eq!(parse_switch("X", Some("on")), Ok(Some(true)));
+        assert_eq!(parse_switch("X", Some(" OFF ")), Ok(Some(false)));
+        assert_eq!(parse_switch("X", Some("0")), Ok(Some(false)));
+        assert_eq!(parse_switch("X", Some("1")), Ok(Some(true)));
+        let e = parse_switch("MQA_FUZZ_PIPELINE", Some("yes")).unwrap_err();
+        assert!(e.contains("MQA_FUZZ_PIPELINE=\"yes\""), "{e}");
+    }
 }

@@ -251,6 +251,26 @@ enum ServerLine {
     },
 }
 
+/// A life forked and connected whose hello has not been read yet.
+pub(super) struct Forked {
+    worker: Worker,
+    life: u64,
+    /// Its stdout FIFO (removed once the hello came).
+    outp: PathBuf,
+    opened: Receiver<()>,
+    /// By when its hello must come.
+    deadline: Instant,
+}
+
+impl Forked {
+    /// Kills a life that will not be used (a spare at the end of a campaign).
+    fn discard(mut self, server: &mut ForkServer) {
+        self.worker.kill(Some(server));
+        unblock_reader(&self.outp);
+        let _ = std::fs::remove_file(&self.outp);
+    }
+}
+
 /// A fork server: a started command that forks worker lives.
 pub(super) struct ForkServer {
     process: Spawned,
@@ -348,6 +368,13 @@ impl ForkServer {
         timeout: Duration,
         offered: &[u64],
     ) -> Result<(Worker, Hello), RunError> {
+        let forked = self.begin(dir, timeout)?;
+        self.finish(forked, timeout, offered)
+    }
+
+    /// Forks a fresh life and opens its pipes; its setup (device initialisation) and
+    /// hello are still to come ([`ForkServer::finish`]).
+    fn begin(&mut self, dir: &Path, timeout: Duration) -> Result<Forked, RunError> {
         self.lives += 1;
         let life = self.lives;
         let env_err = |m: String| RunError::Environment(m);
@@ -414,12 +441,36 @@ impl ForkServer {
             }
         };
         let _ = std::fs::remove_file(&inp);
-        let mut w = Worker {
+        let worker = Worker {
             stdin: Box::new(stdin),
             lines,
             stderr: Arc::clone(&self.process.stderr),
             kind: WorkerKind::Forked { pid, life },
         };
+        Ok(Forked {
+            worker,
+            life,
+            outp,
+            opened,
+            deadline,
+        })
+    }
+
+    /// Waits for a begun life's hello (by its deadline), watching the server in case
+    /// the life dies first.
+    fn finish(
+        &mut self,
+        forked: Forked,
+        timeout: Duration,
+        offered: &[u64],
+    ) -> Result<(Worker, Hello), RunError> {
+        let Forked {
+            worker: mut w,
+            life,
+            outp,
+            opened,
+            deadline,
+        } = forked;
         // The hello, watching the server in case the life dies before it opens stdout.
         let hello = loop {
             match w.lines.recv_timeout(Duration::from_millis(20)) {
@@ -584,14 +635,33 @@ impl Worker {
 }
 
 /// Where a slot's workers come from: a fork server once one has announced itself.
+///
+/// With `spares` on, a fork server's next life is forked as soon as a life starts and
+/// sets itself up (device context, library state) while the current one serves, so a
+/// restart after a crash finds it ready: the restart costs the handshake already
+/// done, not a device initialisation. It uses a device context's memory meanwhile.
 #[derive(Default)]
 pub(super) struct Source {
     pub server: Option<ForkServer>,
+    /// Fork the next life ahead.
+    spares: bool,
+    spare: Option<Forked>,
+    /// Starts served by a spare life.
+    pub spares_used: u64,
 }
 
 impl Source {
-    /// Starts a worker life: forked by the server if there is a healthy one, otherwise
-    /// by starting the command (which may turn out to be a fork server).
+    /// A source that forks spare lives ahead or not.
+    pub fn new(spares: bool) -> Source {
+        Source {
+            spares,
+            ..Source::default()
+        }
+    }
+
+    /// Starts a worker life: the spare forked ahead or a fresh one from the fork server
+    /// if there is a healthy one, otherwise by starting the command (which may turn out
+    /// to be a fork server).
     pub fn start(
         &mut self,
         l: &Launch,
@@ -601,14 +671,36 @@ impl Source {
         if let Some(s) = &mut self.server {
             let _ = s.poll(0);
             if s.broken.is_none() {
-                match s.fork(l.dir, timeout, offered) {
-                    Ok(x) => return Ok(x),
+                let r = match self.spare.take() {
+                    Some(mut spare) => {
+                        spare.deadline = Instant::now() + timeout;
+                        match s.finish(spare, timeout, offered) {
+                            Ok(x) => {
+                                self.spares_used += 1;
+                                Ok(x)
+                            }
+                            // A spare that died (say, set up while the device was
+                            // busy failing): a fresh life decides.
+                            Err(_) if s.broken.is_none() => s.fork(l.dir, timeout, offered),
+                            Err(e) => Err(e),
+                        }
+                    }
+                    None => s.fork(l.dir, timeout, offered),
+                };
+                match r {
+                    Ok(x) => {
+                        self.fork_spare(l.dir, timeout);
+                        return Ok(x);
+                    }
                     // The server is fine but this life failed: a real start-up failure.
                     Err(e) if s.broken.is_none() => {
                         return Err(with_tail(e, &s.process.stderr, "forked worker"))
                     }
                     Err(_) => {}
                 }
+            }
+            if let (Some(spare), Some(s)) = (self.spare.take(), self.server.as_mut()) {
+                spare.discard(s);
             }
             if let Some(s) = self.server.take() {
                 s.shut_down();
@@ -627,6 +719,9 @@ impl Source {
                 let r = server.fork(l.dir, timeout, offered);
                 let r = r.map_err(|e| with_tail(e, &server.process.stderr, "forked worker"));
                 self.server = Some(server);
+                if r.is_ok() {
+                    self.fork_spare(l.dir, timeout);
+                }
                 r
             }
             Err(e) => {
@@ -636,9 +731,23 @@ impl Source {
         }
     }
 
+    /// Forks the next life ahead (with spares on and a healthy server); a failure
+    /// here is left to the next start, which forks afresh and reports it.
+    fn fork_spare(&mut self, dir: &Path, timeout: Duration) {
+        if !self.spares {
+            return;
+        }
+        if let Some(s) = self.server.as_mut().filter(|s| s.broken.is_none()) {
+            self.spare = s.begin(dir, timeout).ok();
+        }
+    }
+
     pub fn shut_down(&mut self, w: Option<Worker>) {
         if let Some(w) = w {
             w.shut_down(self.server.as_mut());
+        }
+        if let (Some(spare), Some(s)) = (self.spare.take(), self.server.as_mut()) {
+            spare.discard(s);
         }
         if let Some(s) = self.server.take() {
             s.shut_down();
