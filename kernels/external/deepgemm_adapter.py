@@ -121,28 +121,6 @@ def main():
                       file=sys.stderr, flush=True)
             return logits, us
 
-        def warm_up():
-            """One tiny call (one request, H 64, D 128, one block) before the hello, so
-            that loading DeepGEMM's kernels and torch's is paid in set-up, not by a
-            worker life's first case (about 80 ms on an H200 at every restart); a spare
-            life forked ahead does it while the current life serves. A failure here is
-            only a note: the cases say what the library does."""
-            h, d, bs, n = 64, 128, 64, 2
-            try:
-                q = torch.zeros((1, n, h, d), dtype=torch.float8_e4m3fn, device=dev)
-                kv = torch.zeros((1, bs, 1, d + 4), dtype=torch.uint8, device=dev)
-                w = torch.zeros((n, h), dtype=torch.float32, device=dev)
-                lens = torch.tensor([[1, 2]] if api == "fp8_fp4" else [2], dtype=torch.int32, device=dev)
-                table = torch.zeros((1, 1), dtype=torch.int32, device=dev)
-                library_call(q, kv, w, lens, table, bs, kv.stride(0), n, 256)
-                torch.cuda.synchronize(dev)
-            except Exception as e:  # noqa: BLE001
-                print(f"note: DeepGEMM warm-up call failed ({type(e).__name__}: {e}); the first case loads its kernels",
-                      file=sys.stderr, flush=True)
-
-        if dev.type == "cuda" and not getattr(deep_gemm, "MQA_FUZZ_FAKE", False):
-            warm_up()
-
         def launch(c):
             """Hosted (hosted.py): the case is on the device already, checked and judged
             there by mqa-fuzz; only DeepGEMM's call and the copy of its result are here."""

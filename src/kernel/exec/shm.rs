@@ -210,6 +210,14 @@ impl SharedRegion {
         self.map(want)
     }
 
+    /// Gives the region's memory back (unmapped, its file emptied) and keeps it open;
+    /// [`SharedRegion::ensure`] grows it again.
+    fn release(&mut self) {
+        self.unmap();
+        self.len = 0;
+        let _ = self.file.set_len(0);
+    }
+
     fn map(&mut self, len: usize) -> std::io::Result<()> {
         // SAFETY: a shared read-write mapping of a file we hold open, `len` bytes, which
         // the file has (set_len above or checked by `open`).
@@ -379,8 +387,18 @@ impl Drop for SharedRegion {
 /// one (poisoned there by the harness), its inputs are written beside it, and the
 /// worker writes the output in place, so the output never crosses between the
 /// processes as a copy. One region per output alive; dropped outputs hand theirs back.
+///
+/// A region is never closed while the pool lives: a worker maps a region by its path,
+/// `/proc/<pid>/fd/<fd>`, and keeps the mapping for the next request naming that path, so
+/// a closed region's fd number given to a new region would show the worker the old
+/// region's pages (seen on an H200 with 8 cases in flight: requests read as invalid
+/// cases, device judgements of another case's inputs). Memory is given back by emptying
+/// the file instead ([`SharedRegion::release`]); the fd, and so the path, stays this
+/// region's.
 pub struct RegionPool {
     spare: std::sync::Mutex<Vec<SharedRegion>>,
+    /// Regions whose memory was given back, kept open; grown again before reuse.
+    emptied: std::sync::Mutex<Vec<SharedRegion>>,
     /// Spare regions kept at most (more are freed, smallest first).
     keep: usize,
     /// Bytes of spare regions kept at most: a quarter of the host's memory.
@@ -399,14 +417,16 @@ impl RegionPool {
         let memory = (pages.max(0) as usize).saturating_mul(page.max(0) as usize);
         std::sync::Arc::new(RegionPool {
             spare: std::sync::Mutex::new(Vec::new()),
+            emptied: std::sync::Mutex::new(Vec::new()),
             keep,
             keep_bytes: (memory / 4).max(1 << 30),
         })
     }
 
     /// A region of at least `bytes`: the smallest spare that holds them, else the
-    /// largest spare grown, else a new one. Pooled regions never shrink (the next
-    /// engine-sized case would fault its pages in again); the pool frees whole ones.
+    /// largest spare grown, else an emptied one grown, else a new one. Pooled regions
+    /// never shrink (the next engine-sized case would fault its pages in again); the
+    /// pool empties whole ones.
     pub fn take(&self, bytes: usize) -> std::io::Result<SharedRegion> {
         let spare = {
             let mut s = self.spare.lock().unwrap_or_else(|e| e.into_inner());
@@ -416,7 +436,11 @@ impl RegionPool {
             let pick = fits.or_else(|| (0..s.len()).max_by_key(|&i| s[i].len()));
             pick.map(|i| s.swap_remove(i))
         };
-        let mut r = match spare {
+        let emptied = || {
+            let mut e = self.emptied.lock().unwrap_or_else(|e| e.into_inner());
+            e.pop()
+        };
+        let mut r = match spare.or_else(emptied) {
             Some(r) => r,
             None => SharedRegion::create("mqa-fuzz-output")?,
         };
@@ -433,8 +457,17 @@ impl RegionPool {
             || (s.len() > 1 && s.iter().map(SharedRegion::len).sum::<usize>() > self.keep_bytes)
         {
             let smallest = (0..s.len()).min_by_key(|&i| s[i].len()).unwrap_or(0);
-            s.swap_remove(smallest);
+            self.retire(s.swap_remove(smallest));
         }
+    }
+
+    /// Empties `r` and keeps it open for reuse.
+    fn retire(&self, mut r: SharedRegion) {
+        r.release();
+        self.emptied
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(r);
     }
 
     /// Spare regions and their bytes (for tests).
@@ -515,7 +548,10 @@ impl crate::kernel::OutputStorage for RegionOutput {
 impl Drop for RegionOutput {
     fn drop(&mut self) {
         if let Some(r) = self.region.take() {
-            if !self.tainted {
+            if self.tainted {
+                // Its pages go; its fd stays this region's (see `RegionPool`).
+                self.pool.retire(r);
+            } else {
                 self.pool.give(r);
             }
         }
@@ -631,6 +667,40 @@ mod tests {
         assert_eq!(a.len(), 2 * GROW_STEP);
         assert_eq!(&a.bytes()[..5], &[1, 2, 3, 4, 9], "growing keeps the bytes");
         assert!(SharedRegion::open(a.path(), 3 * GROW_STEP).is_err());
+    }
+
+    /// A worker keeps a mapping per region path. A region the pool lets go of must not
+    /// leave its path to a new region: here a worker-side mapping of every path handed
+    /// out is kept, and each later region under that path must show its own bytes
+    /// through it (before the fix, a region dropped past `keep` closed its fd, the next
+    /// region got the same `/proc/<pid>/fd/<n>` and the worker read the old pages).
+    #[test]
+    fn a_path_the_pool_hands_out_is_always_the_same_region() {
+        let pool = RegionPool::new(1);
+        let mut worker_maps: Vec<SharedRegion> = Vec::new();
+        for round in 0u8..6 {
+            // Three regions at once, more than `keep`: two are let go of at the end.
+            let mut held: Vec<SharedRegion> = (0..3).map(|_| pool.take(4096).unwrap()).collect();
+            for (i, r) in held.iter_mut().enumerate() {
+                let mark = round * 10 + i as u8 + 1;
+                r.bytes_mut()[0] = mark;
+                let seen = match worker_maps.iter().find(|m| m.path() == r.path()) {
+                    Some(m) => m.bytes()[0],
+                    None => {
+                        let m = SharedRegion::open(r.path(), 4096).unwrap();
+                        let b = m.bytes()[0];
+                        worker_maps.push(m);
+                        b
+                    }
+                };
+                assert_eq!(seen, mark, "round {round}: the worker's mapping of {} shows another region", r.path());
+            }
+            // An unrelated file opened meanwhile takes whatever fd number is free.
+            let _other = std::fs::File::open("/proc/self/status").unwrap();
+            for r in held {
+                pool.give(r);
+            }
+        }
     }
 
     #[test]
