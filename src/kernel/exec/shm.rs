@@ -693,7 +693,12 @@ mod tests {
                         b
                     }
                 };
-                assert_eq!(seen, mark, "round {round}: the worker's mapping of {} shows another region", r.path());
+                assert_eq!(
+                    seen,
+                    mark,
+                    "round {round}: the worker's mapping of {} shows another region",
+                    r.path()
+                );
             }
             // An unrelated file opened meanwhile takes whatever fd number is free.
             let _other = std::fs::File::open("/proc/self/status").unwrap();
