@@ -255,8 +255,8 @@ fn unlisted_batch(
     rows[r].take()
 }
 
-/// A non-finite element outside the reference sample whose reference came in a batch
-/// ([`unlisted_batch`]); `abs_mag` where its full bound is wanted.
+/// A non-finite element outside the reference sample with its reference (computed in a
+/// batch, [`unlisted_batch`], or alone); `abs_mag` where its full bound is wanted.
 fn batched_element(
     bound: &ErrorBound,
     (r, t): (usize, usize),
@@ -296,27 +296,7 @@ fn unlisted_element(
     got: f32,
 ) -> Element {
     let (exp, relu_mag, abs_mag) = reference::element(case, reference.placement, r, t);
-    let seen = match classify(got, exp, relu_mag, bound, || abs_mag) {
-        ElementClass::Finding(class) => Seen::Finding {
-            class,
-            bound: Some(bound.full(relu_mag, abs_mag)),
-        },
-        ElementClass::Undefined => Seen::Undefined,
-        // A non-finite value is never within a bound; kept total for the type's sake.
-        ElementClass::Ok => Seen::Ok {
-            err: 0.0,
-            bound: 0.0,
-        },
-    };
-    debug_assert!(got.to_bits() == POISON_BITS || !got.is_finite());
-    Element {
-        row: r,
-        pos: t,
-        got,
-        expected: Some(exp),
-        listed: false,
-        seen,
-    }
+    batched_element(bound, (r, t), got, (exp, relu_mag, Some(abs_mag)))
 }
 
 #[cfg(test)]
