@@ -42,7 +42,9 @@
 # hosted      ~2 min (+ DeepGEMM build   adapters served hosted (libmqa_fuzz.so in the adapter's process
 #             with KERNELS=deepgemm)     lays cases out and judges them on the device): the torch adapter
 #                                        hosted and over the plain protocol on the same CASES (25) cases
-#                                        must give the same findings; with KERNELS=deepgemm, DeepGEMM's
+#                                        must give the same findings; the adapter's planted store into its
+#                                        KV cache reported as input_mutated with the cache handed read-only
+#                                        and read back (MQA_FUZZ_CACHE_CHECK); with KERNELS=deepgemm, DeepGEMM's
 #                                        saved cases (REPLAY, a directory of corpus files) replayed hosted
 #                                        must reproduce
 # all         ~60 min                    every check above
@@ -404,6 +406,22 @@ for name, r, f, k in (("hosted", on, fon, kon), ("plain", off, foff, koff)):
 print("same findings hosted and plain" if fon == foff else "DIFFERENT findings hosted and plain")
 sys.exit(0 if fon == foff and on["counts"]["cases_generated"] == off["counts"]["cases_generated"] else 1)
 PY
+    # A library that stores into its KV cache (the torch adapter's planted bug), hosted:
+    # handed the cache read-only (the default: its store faults, the case runs again
+    # writable) and read back after the run, both must report input_mutated.
+    local planted="exec:python3 $adapters/torch_adapter.py --plant-store-into-cache" cc
+    for cc in read-only read-back; do
+        MQA_FUZZ_HOSTED=on MQA_FUZZ_CACHE_CHECK=$cc campaign "store-into-cache-$cc" --kernel "$planted" \
+            --profile production --cases 3 --seed "$seed" --no-shrink --repeat 1 --batch-invariance off
+        python3 - "$W/r/store-into-cache-$cc" "$cc" <<'PY' || return 1
+import json, sys
+r = json.load(open(sys.argv[1] + "/report.json"))
+k = next(iter(r["per_kernel"].values()))
+classes = sorted({f["signature"].split("|")[1] for f in r["findings"]})
+print(f"{sys.argv[2]}: finding classes {classes}; runs {k.get('run_wall_secs', 0):.1f} s")
+sys.exit(0 if classes == ["input_mutated"] else 1)
+PY
+    done
     for k in ${KERNELS:-}; do
         [ "$k" = deepgemm ] && { deepgemm_env || return 3; }
         for f in "${REPLAY:-$here/cases}"/*.json; do

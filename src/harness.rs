@@ -7,7 +7,7 @@
 //! reference are fetched only for a judgement with findings.
 
 use crate::case::{Case, ScalePlacement};
-use crate::kernel::{Kernel, OutputBuffer, RunError};
+use crate::kernel::{DeviceJudgeRequest, Kernel, OutputBuffer, RunError};
 use crate::oracle::{self, Class, JudgeMode, OracleConfig, Verdict};
 use crate::reference::{self, Reference, RowSelection};
 use std::collections::HashMap;
@@ -190,7 +190,20 @@ fn run_and_judge_on_device(
     let req = oracle::device::request(case, caps, oracle::device::case_seed(case));
     let mut out = kernel.output_for_judged(case);
     let setup = start.elapsed();
-    let result = kernel.run_judged(case, &req, &mut out);
+    let mut result = kernel.run_judged(case, &req, &mut out);
+    // A store into a read-only cache faults: such a crash runs again with the cache
+    // writable (and read back after), so the verdict says what the kernel did to its
+    // input, not how the mapping stopped it.
+    let mut read_only_crash = None;
+    if let (Err(RunError::Crash(m)), true) = (&result, req.read_only_cache) {
+        read_only_crash = Some(m.clone());
+        let writable = DeviceJudgeRequest {
+            read_only_cache: false,
+            ..req.clone()
+        };
+        out = kernel.output_for_judged(case);
+        result = kernel.run_judged(case, &writable, &mut out);
+    }
     let queued = result.as_ref().ok().and_then(|r| r.info.queue_wait);
     let wall = start.elapsed().saturating_sub(queued.unwrap_or_default());
     let judge_start = Instant::now();
@@ -232,6 +245,18 @@ fn run_and_judge_on_device(
             0
         }
     };
+    if let Some(m) = read_only_crash {
+        if !verdict.classes.contains_key(&Class::InputMutated) {
+            verdict.add_case_finding(
+                Class::Crash,
+                format!(
+                    "{m} (with its KV cache read-only; run again with the cache writable \
+                     it finished and left the cache as it was: a store that wrote the \
+                     bytes already there, or a crash that comes and goes)"
+                ),
+            );
+        }
+    }
     Judged {
         verdict,
         output,

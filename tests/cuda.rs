@@ -39,6 +39,10 @@ fn main() {
             the_cache_keeps_its_poison_between_cases,
         ),
         trial(
+            "the_kernel_reads_a_read_only_cache_through_its_own_addresses",
+            the_kernel_reads_a_read_only_cache_through_its_own_addresses,
+        ),
+        trial(
             "judge_auto_chooses_the_cpu_without_a_gpu_and_gpu_is_refused",
             judge_auto_chooses_the_cpu_without_a_gpu_and_gpu_is_refused,
         ),
@@ -194,7 +198,7 @@ fn a_write_anywhere_in_the_cache_is_an_input_mutation() -> Ran {
 }
 
 fn mutations_are_seen(case: &mqa_fuzz::case::Case) -> Ran {
-    use mqa_fuzz::kernel::cuda::memory::DeviceCase;
+    use mqa_fuzz::kernel::cuda::memory::{CacheView, DeviceCase};
     let stored = case.kv.ids();
     let unreferenced = (0..case.num_blocks)
         .find(|id| !stored.contains(id))
@@ -223,7 +227,7 @@ fn mutations_are_seen(case: &mqa_fuzz::case::Case) -> Ran {
         ("the mapped span's last word", u64::MAX),
     ] {
         let changed = cuda::device::with_gpu(|gpu| {
-            let mut dc = DeviceCase::upload_poisoned(gpu, case)?;
+            let mut dc = DeviceCase::upload_poisoned(gpu, case, CacheView::ReadBack)?;
             let before = dc.input_hashes(gpu, false)?;
             let same = dc.input_hashes(gpu, true)?;
             assert_eq!(before, same, "nothing written yet");
@@ -241,6 +245,48 @@ fn mutations_are_seen(case: &mqa_fuzz::case::Case) -> Ran {
     Ok(())
 }
 
+/// A case laid out with `CacheView::ReadOnly` hands the kernel other addresses than
+/// mqa-fuzz's own (the read-only mapping of the same memory): every word read through
+/// them is the word at mqa-fuzz's, a store through mqa-fuzz's shows through them, and
+/// `ReadBack` hands the kernel mqa-fuzz's own. (A store through the read-only view
+/// faults and ends the process's context, so that is checked by a campaign:
+/// `scripts/gpu-check.sh`'s `read-only-cache`.)
+fn the_kernel_reads_a_read_only_cache_through_its_own_addresses() -> Ran {
+    use mqa_fuzz::kernel::cuda::memory::{CacheView, DeviceCase};
+    gpu()?;
+    let case = recipe(vec![300, 700], 2)
+        .with(|k| k.surplus_blocks = 5_000)
+        .materialize();
+    cuda::device::with_gpu(|gpu| {
+        let dc = DeviceCase::upload_poisoned(gpu, &case, CacheView::ReadBack)?;
+        assert_eq!(
+            dc.params.kv, dc.kv.ptr,
+            "read-back: the kernel gets our addresses"
+        );
+        drop(dc);
+        let dc = DeviceCase::upload_poisoned(gpu, &case, CacheView::ReadOnly)?;
+        assert_ne!(dc.params.kv, dc.kv.ptr, "read-only: another mapping");
+        let view = cuda::sys::DeviceSpan {
+            ptr: dc.params.kv,
+            bytes: dc.kv.bytes,
+        };
+        let (mut ours, mut theirs) = (vec![0u32; 1 << 16], vec![0u32; 1 << 16]);
+        for at in [0, (dc.kv.bytes / 2) & !3, dc.kv.bytes - 4 * (1 << 16)] {
+            dc.kv.download(at, &mut ours).unwrap();
+            view.download(at, &mut theirs).unwrap();
+            assert_eq!(ours, theirs, "the two mappings differ at byte {at}");
+        }
+        dc.kv.upload(12, &[0x1234_5678u32]).unwrap();
+        view.download(12, &mut theirs[..1]).unwrap();
+        assert_eq!(
+            theirs[0], 0x1234_5678,
+            "a store of ours shows through the view"
+        );
+        Ok(())
+    })
+    .map_err(|e| format!("{e:?}"))
+}
+
 /// The cache's address range is kept between cases with its poison
 /// (`kernel::cuda::pool`): each case below follows another of some other geometry,
 /// size or fp8 format (or the same one), and the whole mapped cache must read as that
@@ -249,7 +295,7 @@ fn mutations_are_seen(case: &mqa_fuzz::case::Case) -> Ran {
 /// geometry of the same format, everything for another format or after a run that
 /// wrote into the pool.
 fn the_cache_keeps_its_poison_between_cases() -> Ran {
-    use mqa_fuzz::kernel::cuda::memory::DeviceCase;
+    use mqa_fuzz::kernel::cuda::memory::{CacheView, DeviceCase};
     use mqa_fuzz::Fp8Format;
     gpu()?;
     let make = |pad: u64, block_size: usize, format: Fp8Format, ctx: usize| {
@@ -277,7 +323,7 @@ fn the_cache_keeps_its_poison_between_cases() -> Ran {
     let mut rewritten = Vec::new();
     for (what, case) in &cases {
         let r = cuda::device::with_gpu(|gpu| {
-            let mut dc = DeviceCase::upload_poisoned(gpu, case)?;
+            let mut dc = DeviceCase::upload_poisoned(gpu, case, CacheView::ReadBack)?;
             let before = dc.input_hashes(gpu, false)?;
             let after = dc.input_hashes(gpu, true)?;
             if *what == "written into" {

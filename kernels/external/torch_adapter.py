@@ -53,9 +53,17 @@ def fp8_paged_mqa_logits_torch(q, kv_cache, weights, context_lens, block_tables,
     return logits
 
 
+def store_into(kv):
+    """The planted bug of ``--plant-store-into-cache``: one byte of the cache changed."""
+    kv[(0,) * kv.dim()] += 1
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cpu", action="store_true", help="stay on the CPU even with a GPU")
+    ap.add_argument("--plant-store-into-cache", action="store_true",
+                    help="testing mqa-fuzz: add 1 to the KV cache's first byte before each launch, "
+                         "as a library that writes into its inputs would (mqa-fuzz must report input_mutated)")
     pc.add_common_args(ap)
     args = ap.parse_args()
     out = pc.protocol_stdout()
@@ -89,6 +97,8 @@ def main():
             q, w, lens, table = tc.inputs(case, dev)
             flat, kv = tc.kv_cache(case, dev)
             before = tc.checksum(q, w, lens, table, flat)
+            if args.plant_store_into_cache:
+                store_into(kv)
             logits, us = tc.timed(dev, lambda: fp8_paged_mqa_logits_torch(q, kv, w, lens, table, case.max_model_len, case.lens_2d))
             after = tc.checksum(q, w, lens, table, flat)
             case.interior()[:, :case.max_model_len] = logits.cpu().numpy()
@@ -99,6 +109,8 @@ def main():
             """Hosted (hosted.py): the case is on the device already, checked and judged
             there by mqa-fuzz."""
             q = c.q(tc.fp8_dtype(c.format))
+            if args.plant_store_into_cache:
+                store_into(c.kv_cache())
             logits, us = tc.timed(dev, lambda: fp8_paged_mqa_logits_torch(
                 q, c.kv_cache(), c.weights(), c.lens(), c.table(), c.max_model_len, c.lens_2d))
             c.out().copy_(logits)

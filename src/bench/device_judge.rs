@@ -9,7 +9,7 @@ use crate::generate::Profile;
 use crate::harness::{self, ReferenceCache};
 use crate::kernel::cuda::device::with_gpu;
 use crate::kernel::cuda::kernels::{CudaDirect, Variant};
-use crate::kernel::cuda::memory::{failure, DeviceCase};
+use crate::kernel::cuda::memory::{failure, CacheView, DeviceCase};
 use crate::kernel::device_judge::{rejects, row_digest};
 use crate::kernel::Kernel;
 use crate::oracle::{JudgeMode, OracleConfig, Verdict};
@@ -80,7 +80,7 @@ fn keys_identical(case: &Case) -> Result<bool, String> {
         .copied()
         .collect();
     let device: Vec<(u64, Vec<u8>)> = with_gpu(|gpu| {
-        let dc = DeviceCase::upload_poisoned(gpu, case)?;
+        let dc = DeviceCase::upload_poisoned(gpu, case, CacheView::ReadBack)?;
         if !dc.keys_drawn_on_device {
             return Ok(Vec::new());
         }

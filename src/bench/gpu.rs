@@ -15,7 +15,7 @@ use crate::harness::{self, ReferenceCache};
 use crate::kernel::cuda::compile::{self, Program};
 use crate::kernel::cuda::device::{self, with_gpu, GpuFailure};
 use crate::kernel::cuda::kernels::{self, launch_variant, CudaDirect, Variant};
-use crate::kernel::cuda::memory::{failure, DeviceCase};
+use crate::kernel::cuda::memory::{failure, CacheView, DeviceCase};
 use crate::kernel::cuda::reference::{self as gpu_reference, ReferenceTuning};
 use crate::kernel::cuda::sys::{DeviceMemory, Timer};
 use crate::kernel::Plant;
@@ -505,7 +505,7 @@ fn bench_one(label: &str, case: &Case, cfg: &OracleConfig) -> Result<bool, Strin
     let (kt, upload, tunings, verify_wall, default_tuning) = with_gpu(|gpu| {
         let default_tuning = ReferenceTuning::for_shape(&case.shape, gpu.major);
         let t = Instant::now();
-        let mut dc = DeviceCase::upload(gpu, case, &out)?;
+        let mut dc = DeviceCase::upload(gpu, case, &out, CacheView::ReadBack)?;
         let upload = t.elapsed();
         let timer = Timer::new().map_err(failure)?;
         launch_variant(gpu, Variant::Tiled(None), case, &mut dc, &timer)?;

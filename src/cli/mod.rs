@@ -197,6 +197,8 @@ pub enum Bench {
 
 /// Runs the parsed command; returns the exit code.
 pub fn dispatch(cli: Cli) -> Result<i32, Fatal> {
+    // Read by every device-judged request; a value it cannot use is refused here, once.
+    crate::kernel::CacheCheck::from_env().map_err(Fatal::usage)?;
     match cli.command {
         Command::Run(args) => run::cmd_run(*args),
         Command::Selftest {

@@ -5,8 +5,9 @@
 //! the sampled elements the CPU re-checks travel. The judge's rules are the oracle's
 //! (`crate::oracle`); this module only holds the plain data both sides exchange.
 
-use crate::case::{ScalePlacement, Shape};
+use crate::case::{Case, ScalePlacement, Shape};
 use serde::{Deserialize, Serialize};
+use std::sync::OnceLock;
 
 /// Why the exact GPU reference (`kernels/reference.cu`), and so the device judge,
 /// cannot take a shape: its MMA tiles need heads in eights and a head dimension in
@@ -43,6 +44,56 @@ pub fn row_digest(valid: &[f32]) -> u64 {
     })
 }
 
+/// How a device-judged run proves that the kernel left its KV cache as it was
+/// (`MQA_FUZZ_CACHE_CHECK`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CacheCheck {
+    /// `read-only` (the default): a pool of at least [`READ_ONLY_MIN_BYTES`] is handed
+    /// to the kernel through a read-only mapping, so a store into it faults; such a
+    /// crash is run again with the cache writable, to name it (`input_mutated`).
+    ReadOnly,
+    /// `read-back`: the kernel always gets a writable cache, read whole after the run.
+    ReadBack,
+}
+
+/// The variable that chooses the [`CacheCheck`].
+pub const CACHE_CHECK_VAR: &str = "MQA_FUZZ_CACHE_CHECK";
+
+/// Pools at least this large are handed to the kernel read-only under
+/// [`CacheCheck::ReadOnly`]: reading a smaller one after the run costs under ~0.3 ms,
+/// less than a crash's second run would.
+pub const READ_ONLY_MIN_BYTES: u64 = 1 << 30;
+
+impl CacheCheck {
+    /// The policy `MQA_FUZZ_CACHE_CHECK` asks for (unset: `read-only`), or a one-line
+    /// error naming the variable.
+    pub fn from_env() -> Result<CacheCheck, String> {
+        Self::parse(std::env::var(CACHE_CHECK_VAR).ok().as_deref())
+    }
+
+    fn parse(value: Option<&str>) -> Result<CacheCheck, String> {
+        match value.map(str::trim) {
+            None | Some("") | Some("read-only") => Ok(CacheCheck::ReadOnly),
+            Some("read-back") => Ok(CacheCheck::ReadBack),
+            Some(v) => Err(format!(
+                "{CACHE_CHECK_VAR}={v:?}: use read-only or read-back"
+            )),
+        }
+    }
+
+    /// The process's policy (read once; an unusable value reads as `read-back`, the
+    /// check that needs no second run: `mqa-fuzz` refuses such a value at start).
+    pub fn current() -> CacheCheck {
+        static POLICY: OnceLock<CacheCheck> = OnceLock::new();
+        *POLICY.get_or_init(|| Self::from_env().unwrap_or(CacheCheck::ReadBack))
+    }
+
+    /// Whether a device-judged run of `case` gets its cache read-only.
+    pub fn read_only_for(self, case: &Case) -> bool {
+        self == CacheCheck::ReadOnly && case.kv_cache_bytes() >= READ_ONLY_MIN_BYTES
+    }
+}
+
 /// What the harness asks a kernel that judges on its device.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct DeviceJudgeRequest {
@@ -57,6 +108,10 @@ pub struct DeviceJudgeRequest {
     /// Only the rows' digests (a property's re-run): no reference, no judge.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub digest_only: bool,
+    /// Hand the kernel its KV cache through a read-only mapping (a store faults) instead
+    /// of reading the whole cache after the run ([`CacheCheck`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub read_only_cache: bool,
 }
 
 impl DeviceJudgeRequest {
@@ -67,6 +122,7 @@ impl DeviceJudgeRequest {
             bound_bits: bound.map(f64::to_bits),
             checks,
             digest_only: false,
+            read_only_cache: false,
         }
     }
 
@@ -77,6 +133,7 @@ impl DeviceJudgeRequest {
             bound_bits: [0; 3],
             checks: Vec::new(),
             digest_only: true,
+            read_only_cache: false,
         }
     }
 
@@ -189,5 +246,22 @@ impl DeviceJudgement {
     /// Element-level findings in V(r), or writes outside the output.
     pub fn has_value_findings(&self) -> bool {
         self.mismatch + self.nan + self.inf + self.unwritten + self.oob_writes > 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cache_check_is_read_only_unless_asked_and_refuses_other_values() {
+        assert_eq!(CacheCheck::parse(None), Ok(CacheCheck::ReadOnly));
+        assert_eq!(CacheCheck::parse(Some("")), Ok(CacheCheck::ReadOnly));
+        assert_eq!(
+            CacheCheck::parse(Some("read-back")),
+            Ok(CacheCheck::ReadBack)
+        );
+        let e = CacheCheck::parse(Some("off")).unwrap_err();
+        assert!(e.contains("MQA_FUZZ_CACHE_CHECK=\"off\""), "{e}");
     }
 }

@@ -24,7 +24,10 @@ pub use contract::{
     compile_key_of, Accumulation, Adjustment, BlockSizes, Capabilities, CompileField, Demands,
     JudgedRun, Kernel, KernelEntry, OpenError, OutsideContract, RunError, RunInfo, WorkerReport,
 };
-pub use device_judge::{CheckedElement, DeviceClass, DeviceJudgeRequest, DeviceJudgement};
+pub use device_judge::{
+    CacheCheck, CheckedElement, DeviceClass, DeviceJudgeRequest, DeviceJudgement,
+    READ_ONLY_MIN_BYTES,
+};
 pub use output::{OutputBuffer, OutputStorage, GUARD_ELEMS, POISON_BITS};
 pub use plant::Plant;
 pub use registry::{default_kernel_name, is_planted_bug, open, registry};

@@ -14,8 +14,8 @@
 use super::{classify, Class, ElementClass, ErrorBound, OracleConfig, Verdict};
 use crate::case::Case;
 use crate::kernel::{
-    Capabilities, CheckedElement, DeviceClass, DeviceJudgeRequest, DeviceJudgement, JudgedRun,
-    OutsideContract,
+    CacheCheck, Capabilities, CheckedElement, DeviceClass, DeviceJudgeRequest, DeviceJudgement,
+    JudgedRun, OutsideContract,
 };
 use crate::reference;
 use crate::reference::verify::check_positions;
@@ -106,14 +106,18 @@ pub fn check_plan(case: &Case, seed: u64) -> Vec<(u32, u32)> {
     v
 }
 
-/// The request for `case` on a kernel with capabilities `caps`.
+/// The request for `case` on a kernel with capabilities `caps` (its cache read-only
+/// where the process's [`CacheCheck`] says so).
 pub fn request(case: &Case, caps: &Capabilities, seed: u64) -> DeviceJudgeRequest {
     let b = ErrorBound::for_kernel(caps.accumulation, &case.shape);
-    DeviceJudgeRequest::new(
-        caps.scale_placement,
-        [b.dot_rel, b.head_rel, b.abs],
-        check_plan(case, seed),
-    )
+    DeviceJudgeRequest {
+        read_only_cache: CacheCheck::current().read_only_for(case),
+        ..DeviceJudgeRequest::new(
+            caps.scale_placement,
+            [b.dot_rel, b.head_rel, b.abs],
+            check_plan(case, seed),
+        )
+    }
 }
 
 /// The element-level classes a judgement counts, for a kernel's outside contract.

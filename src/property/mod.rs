@@ -409,7 +409,11 @@ pub(crate) fn rerun_digests(kernel: &dyn Kernel, case: &Case) -> Result<Vec<u64>
     if let Some(why) = kernel.capabilities().rejects(case) {
         return Err(RunError::Skipped(why));
     }
-    let req = DeviceJudgeRequest::digests(kernel.capabilities().scale_placement);
+    // Laid out as the first run was (its cache read-only where that one's was).
+    let req = DeviceJudgeRequest {
+        read_only_cache: crate::kernel::CacheCheck::current().read_only_for(case),
+        ..DeviceJudgeRequest::digests(kernel.capabilities().scale_placement)
+    };
     let mut out = kernel.output_for_judged(case);
     let run = kernel.run_judged(case, &req, &mut out)?;
     if run.judgement.row_digests.len() != case.rows() {

@@ -5,7 +5,7 @@
 use super::compile::{Defines, Program};
 use super::device::{with_gpu, Gpu, GpuFailure};
 use super::hosted::{status, HostedCall, HostedLaunch};
-use super::memory::{failure, launch, DeviceCase, Params};
+use super::memory::{failure, launch, CacheView, DeviceCase, Params};
 use super::sys::{DeviceMemory, Timer};
 use crate::case::{Case, ScalePlacement};
 use crate::fp8::Fp8Format;
@@ -298,18 +298,20 @@ struct Ran {
 }
 
 /// Lays `case` out (with the harness's `out`, or an output poisoned on the device when
-/// `None`), hashes the inputs, launches `variant` between events, checks the inputs.
+/// `None`; the kernel seeing the cache through `view`), hashes the inputs, launches
+/// `variant` between events, checks the inputs.
 fn lay_out_and_run(
     gpu: &mut Gpu,
     variant: Variant,
     case: &Case,
     out: Option<&OutputBuffer>,
+    view: CacheView,
 ) -> Result<Ran, GpuFailure> {
     let mut phases = std::collections::BTreeMap::new();
     let mut lap = Lap::new();
     let mut dc = match out {
-        Some(out) => DeviceCase::upload(gpu, case, out)?,
-        None => DeviceCase::upload_poisoned(gpu, case)?,
+        Some(out) => DeviceCase::upload(gpu, case, out, view)?,
+        None => DeviceCase::upload_poisoned(gpu, case, view)?,
     };
     lap.next();
     for (name, secs) in &dc.upload_phases {
@@ -325,10 +327,11 @@ fn lay_out_and_run(
         None => timer.elapsed_ms().map_err(failure)? as f64,
     };
     let after = dc.input_hashes(gpu, true)?;
-    phases.insert(
-        "check inputs: after (the whole cache read)".to_string(),
-        lap.next(),
-    );
+    let checked = match view {
+        CacheView::ReadBack => "check inputs: after (the whole cache read)",
+        CacheView::ReadOnly => "check inputs: after (the cache was read-only)",
+    };
+    phases.insert(checked.to_string(), lap.next());
     let info = RunInfo {
         kernel_time: Some(Duration::from_secs_f64(ms / 1e3)),
         inputs_intact: Some(before == after),
@@ -350,7 +353,7 @@ pub fn run_variant(
             dc,
             mut info,
             mut lap,
-        } = lay_out_and_run(gpu, variant, case, Some(out))?;
+        } = lay_out_and_run(gpu, variant, case, Some(out), CacheView::ReadBack)?;
         dc.download_output(out)?;
         info.phases.insert("download".to_string(), lap.next());
         drop(dc);
@@ -379,12 +382,16 @@ pub fn run_variant_judged(
     req: &DeviceJudgeRequest,
     out: &mut OutputBuffer,
 ) -> Result<JudgedRun, RunError> {
+    let view = match req.read_only_cache {
+        true => CacheView::ReadOnly,
+        false => CacheView::ReadBack,
+    };
     with_gpu(|gpu| {
         let Ran {
             dc,
             mut info,
             mut lap,
-        } = lay_out_and_run(gpu, variant, case, None)?;
+        } = lay_out_and_run(gpu, variant, case, None, view)?;
         let mut times = super::judge::JudgeTimes::default();
         let judgement = super::judge::judge_case(gpu, &dc, case, req, &mut times)?;
         let judged = lap.next();

@@ -20,6 +20,12 @@
 //! The mapped part of the cache is its bytes rounded up to whole chunks; the bytes past
 //! the pool's last block are poisoned and verified like the rest, so what a read past
 //! the pool sees is fixed by the case too.
+//!
+//! The cache's chunks are mapped twice: read-write at [`Region::base`] (where this crate
+//! poisons, draws and references it) and **read-only** at [`Region::read_only_base`],
+//! with the same gaps. A kernel handed the read-only view cannot change its cache: a
+//! store into it faults, so the run needs no read of the whole pool afterwards to prove
+//! it left the cache alone (`memory::CacheView`).
 
 use super::compile::Program;
 use super::device::{Gpu, GpuFailure};
@@ -65,6 +71,8 @@ struct Stored {
 /// One buffer's reserved addresses and the physical chunks behind them.
 pub struct Region {
     range: AddressRange,
+    /// A second reservation where the same chunks are mapped read-only (the cache's).
+    view: Option<AddressRange>,
     chunk: u64,
     device: i32,
     /// Chunk `i` is mapped at `base() + i * chunk` while `i < mapped`; the rest are
@@ -77,7 +85,8 @@ pub struct Region {
 }
 
 impl Region {
-    fn new(gpu: &Gpu, chunk: u64) -> Result<Region, GpuFailure> {
+    /// `read_only_view`: map the chunks a second time, read-only ([`Region::read_only_base`]).
+    fn new(gpu: &Gpu, chunk: u64, read_only_view: bool) -> Result<Region, GpuFailure> {
         // A device or driver without virtual memory management cannot lay out a case
         // at all: an environment error, not a crash of the case.
         let env = |what: &str| {
@@ -90,10 +99,15 @@ impl Region {
         let total = gpu.ctx.total_mem().map_err(failure)?;
         let capacity = total.div_ceil(chunk) * chunk;
         // Gap, buffer, gap: the end of the range is never mapped either.
-        let range = AddressRange::reserve(GAP + capacity + GAP, g)
-            .map_err(env("reserving device addresses"))?;
+        let reserve = || {
+            AddressRange::reserve(GAP + capacity + GAP, g)
+                .map_err(env("reserving device addresses"))
+        };
+        let range = reserve()?;
+        let view = read_only_view.then(reserve).transpose()?;
         Ok(Region {
             range,
+            view,
             chunk,
             device,
             chunks: Vec::new(),
@@ -106,6 +120,12 @@ impl Region {
     /// Where the buffer starts.
     pub fn base(&self) -> u64 {
         self.range.base() + GAP
+    }
+
+    /// Where the read-only view of the buffer starts (the same bytes as at `base()`;
+    /// a store through it faults), if it has one.
+    pub fn read_only_base(&self) -> Option<u64> {
+        self.view.as_ref().map(|v| v.base() + GAP)
     }
 
     /// Bytes mapped from `base()`.
@@ -131,15 +151,15 @@ impl Region {
             )));
         }
         if want < self.mapped {
-            // SAFETY: chunks want..mapped were mapped by this region; the caller
-            // synchronized the device.
-            unsafe {
-                self.range.unmap(
-                    GAP + want as u64 * self.chunk,
-                    (self.mapped - want) as u64 * self.chunk,
-                )
+            let (offset, bytes) = (
+                GAP + want as u64 * self.chunk,
+                (self.mapped - want) as u64 * self.chunk,
+            );
+            for range in std::iter::once(&self.range).chain(&self.view) {
+                // SAFETY: chunks want..mapped were mapped by this region, in both
+                // ranges; the caller synchronized the device.
+                unsafe { range.unmap(offset, bytes) }.map_err(failure)?;
             }
-            .map_err(failure)?;
             self.mapped = want;
         }
         while self.chunks.len() < want {
@@ -151,16 +171,24 @@ impl Region {
         let first = self.mapped;
         while self.mapped < want {
             let i = self.mapped;
-            // SAFETY: chunk i's span lies inside the range (checked above) and is not
-            // mapped; the chunk outlives its mapping (unmapped in `Drop` first).
-            unsafe { self.range.map(GAP + i as u64 * self.chunk, &self.chunks[i]) }
-                .map_err(failure)?;
+            for range in std::iter::once(&self.range).chain(&self.view) {
+                // SAFETY: chunk i's span lies inside the range (checked above) and is
+                // not mapped; the chunk outlives its mappings (unmapped in `Drop` first).
+                unsafe { range.map(GAP + i as u64 * self.chunk, &self.chunks[i]) }
+                    .map_err(failure)?;
+            }
             self.mapped += 1;
         }
-        let new = (want.saturating_sub(first)) as u64 * self.chunk;
+        let (offset, new) = (
+            GAP + first as u64 * self.chunk,
+            (want.saturating_sub(first)) as u64 * self.chunk,
+        );
         self.range
-            .allow(GAP + first as u64 * self.chunk, new, self.device)
+            .allow(offset, new, self.device)
             .map_err(failure)?;
+        if let Some(view) = &self.view {
+            view.allow_read(offset, new, self.device).map_err(failure)?;
+        }
         Ok(())
     }
 
@@ -313,9 +341,11 @@ fn restorable(clean: bool, held: &[Option<PoisonTag>], tag: PoisonTag) -> bool {
 
 impl Drop for Region {
     fn drop(&mut self) {
-        // SAFETY: every mapped chunk was mapped here; a region is dropped only between
-        // cases (or with the process), when no work uses it.
-        let _ = unsafe { self.range.unmap(GAP, self.mapped_bytes()) };
+        for range in std::iter::once(&self.range).chain(&self.view) {
+            // SAFETY: every mapped chunk was mapped here (in both ranges); a region is
+            // dropped only between cases (or with the process), when no work uses it.
+            let _ = unsafe { range.unmap(GAP, self.mapped_bytes()) };
+        }
     }
 }
 
@@ -380,8 +410,8 @@ impl Lease {
         let (kv, out, own) = match held {
             Ok((kv, out)) => (kv, out, false),
             Err(own) => {
-                let made = Region::new(gpu, KV_CHUNK)
-                    .and_then(|kv| Ok((kv, Region::new(gpu, OUT_CHUNK)?)));
+                let made = Region::new(gpu, KV_CHUNK, true)
+                    .and_then(|kv| Ok((kv, Region::new(gpu, OUT_CHUNK, false)?)));
                 match made {
                     Ok((kv, out)) => (kv, out, own),
                     Err(e) => {

@@ -8,7 +8,7 @@
 
 use super::compile::{Defines, Program};
 use super::device::{with_gpu, Gpu, GpuFailure};
-use super::memory::{failure, launch, DeviceCase};
+use super::memory::{failure, launch, CacheView, DeviceCase};
 use super::sys::{DeviceMemory, Timer};
 use crate::case::{Case, ScalePlacement, Shape};
 use crate::reference::verify::check_positions;
@@ -330,7 +330,7 @@ pub fn compute_tuned(
     }
     with_gpu(|gpu| {
         let tuning = tuning.unwrap_or_else(|| ReferenceTuning::for_shape(&case.shape, gpu.major));
-        let dc = DeviceCase::upload_poisoned(gpu, case)?;
+        let dc = DeviceCase::upload_poisoned(gpu, case, CacheView::ReadBack)?;
         compute_on(gpu, &dc, case, placement, tuning, 1)
     })
     .map_err(message)

@@ -263,6 +263,23 @@ impl AddressRange {
     /// Makes `bytes` from byte `offset` (all of it mapped) readable and writable by
     /// `device`: one call for many mappings.
     pub fn allow(&self, offset: u64, bytes: u64, device: i32) -> Result<(), DeviceError> {
+        self.set_access(offset, bytes, device, true)
+    }
+
+    /// Makes `bytes` from byte `offset` (all of it mapped) readable but not writable by
+    /// `device`: a store through these addresses faults (the memory may be writable
+    /// through another mapping of it).
+    pub fn allow_read(&self, offset: u64, bytes: u64, device: i32) -> Result<(), DeviceError> {
+        self.set_access(offset, bytes, device, false)
+    }
+
+    fn set_access(
+        &self,
+        offset: u64,
+        bytes: u64,
+        device: i32,
+        write: bool,
+    ) -> Result<(), DeviceError> {
         assert!(offset + bytes <= self.bytes, "access past the range");
         if bytes == 0 {
             return Ok(());
@@ -272,7 +289,11 @@ impl AddressRange {
                 type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
                 id: device,
             },
-            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+            flags: if write {
+                sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+            } else {
+                sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READ
+            },
         };
         // SAFETY: sets access flags on addresses of our own reservation; the driver
         // refuses (an error, not UB) a span that is not wholly mapped.
