@@ -106,6 +106,8 @@ pub struct DeviceSide {
     pub rechecked: u64,
     /// The judgement held a finding: the output came back and the CPU judged it.
     pub cpu_judged: bool,
+    /// The judged run had its cache read-only (property re-runs are laid out alike).
+    pub read_only_cache: bool,
 }
 
 /// Where `kernel` judges `case` under `mode`: `Err(why the CPU)` when not on its device.
@@ -187,7 +189,8 @@ fn run_and_judge_on_device(
     start: Instant,
 ) -> Judged {
     let caps = kernel.capabilities();
-    let req = oracle::device::request(case, caps, oracle::device::case_seed(case));
+    let mut req = oracle::device::request(case, caps, oracle::device::case_seed(case));
+    req.read_only_cache &= cfg.read_only.allows(kernel.name());
     let mut out = kernel.output_for_judged(case);
     let setup = start.elapsed();
     let mut result = kernel.run_judged(case, &req, &mut out);
@@ -195,14 +198,20 @@ fn run_and_judge_on_device(
     // writable (and read back after), so the verdict says what the kernel did to its
     // input, not how the mapping stopped it.
     let mut read_only_crash = None;
-    if let (Err(RunError::Crash(m)), true) = (&result, req.read_only_cache) {
-        read_only_crash = Some(m.clone());
-        let writable = DeviceJudgeRequest {
-            read_only_cache: false,
-            ..req.clone()
-        };
-        out = kernel.output_for_judged(case);
-        result = kernel.run_judged(case, &writable, &mut out);
+    if req.read_only_cache {
+        let crashed = matches!(result, Err(RunError::Crash(_)));
+        if let Some(line) = cfg.read_only.count(kernel.name(), crashed) {
+            eprintln!("mqa-fuzz: {line}");
+        }
+        if let Err(RunError::Crash(m)) = &result {
+            read_only_crash = Some(m.clone());
+            let writable = DeviceJudgeRequest {
+                read_only_cache: false,
+                ..req.clone()
+            };
+            out = kernel.output_for_judged(case);
+            result = kernel.run_judged(case, &writable, &mut out);
+        }
     }
     let queued = result.as_ref().ok().and_then(|r| r.info.queue_wait);
     let wall = start.elapsed().saturating_sub(queued.unwrap_or_default());
@@ -245,6 +254,7 @@ fn run_and_judge_on_device(
             0
         }
     };
+    let read_only_cache = req.read_only_cache && read_only_crash.is_none();
     if let Some(m) = read_only_crash {
         if !verdict.classes.contains_key(&Class::InputMutated) {
             verdict.add_case_finding(
@@ -268,6 +278,7 @@ fn run_and_judge_on_device(
             row_digests: run.judgement.row_digests.clone(),
             rechecked,
             cpu_judged: run.output_written,
+            read_only_cache,
         }),
     }
 }

@@ -22,6 +22,8 @@ enum Writable {
     Stores,
     /// Leaves it alone: it crashed only because the cache was read-only.
     LeavesAlone,
+    /// Crashes too (a crash of its own, not a store).
+    Crashes,
 }
 
 /// `cpu:chunked`'s output, judged "on the device" like a GPU worker's, from a kernel
@@ -68,6 +70,11 @@ impl Kernel for StoresIntoCache {
                 "CUDA fault: an illegal memory access was encountered".into(),
             ));
         }
+        if matches!(self.writable, Writable::Crashes) {
+            return Err(RunError::Crash(
+                "CUDA fault: an illegal memory access".into(),
+            ));
+        }
         let info = self.inner.run(case, out)?;
         Ok(JudgedRun {
             info: RunInfo {
@@ -95,8 +102,12 @@ fn case_with_pool(num_blocks: u64) -> Case {
 }
 
 fn judged(k: &StoresIntoCache, case: &Case) -> Verdict {
+    judged_with(k, case, &OracleConfig::default())
+}
+
+fn judged_with(k: &StoresIntoCache, case: &Case, cfg: &OracleConfig) -> Verdict {
     let mut refs = ReferenceCache::new(case);
-    run_and_judge(k, case, &mut refs, &OracleConfig::default()).verdict
+    run_and_judge(k, case, &mut refs, cfg).verdict
 }
 
 fn big_pool() -> Case {
@@ -145,4 +156,24 @@ fn a_small_pool_is_handed_over_writable_and_read_back() {
         "{:?}",
         v.classes
     );
+}
+
+#[test]
+fn a_kernel_that_keeps_crashing_gets_its_cache_read_back_instead() {
+    let k = StoresIntoCache::new(Writable::Crashes);
+    let case = big_pool();
+    let cfg = OracleConfig::default();
+    for _ in 0..12 {
+        let v = judged_with(&k, &case, &cfg);
+        assert_eq!(
+            v.classes.keys().copied().collect::<Vec<_>>(),
+            vec![Class::Crash]
+        );
+    }
+    let asked = k.asked.lock().unwrap().clone();
+    // Nine crashes under a read-only cache, each run again writable; then writable only.
+    let read_only = asked.iter().filter(|&&ro| ro).count();
+    assert_eq!(read_only, 9, "{asked:?}");
+    assert_eq!(asked.len(), 9 * 2 + 3, "{asked:?}");
+    assert!(asked[18..].iter().all(|&ro| !ro), "{asked:?}");
 }

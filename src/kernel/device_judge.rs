@@ -7,7 +7,8 @@
 
 use crate::case::{Case, ScalePlacement, Shape};
 use serde::{Deserialize, Serialize};
-use std::sync::OnceLock;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// Why the exact GPU reference (`kernels/reference.cu`), and so the device judge,
 /// cannot take a shape: its MMA tiles need heads in eights and a head dimension in
@@ -91,6 +92,54 @@ impl CacheCheck {
     /// Whether a device-judged run of `case` gets its cache read-only.
     pub fn read_only_for(self, case: &Case) -> bool {
         self == CacheCheck::ReadOnly && case.kv_cache_bytes() >= READ_ONLY_MIN_BYTES
+    }
+}
+
+/// What handing each kernel its cache read-only has cost: a crash under it is run again
+/// with the cache writable (a worker restart and a second run, ~0.1–0.2 s for a library
+/// that loads its kernels per process), where reading the pool back costs ~5–10 ms. A
+/// kernel that crashes often (DeepGEMM's all-zero-batch crash, its shrinking) gets its
+/// cache read back instead. Clones share the tally.
+#[derive(Clone, Debug, Default)]
+pub struct ReadOnlyTally(Arc<Mutex<HashMap<String, ReadOnlyRuns>>>);
+
+#[derive(Clone, Copy, Debug, Default)]
+struct ReadOnlyRuns {
+    runs: u64,
+    reruns: u64,
+    /// Read back from now on.
+    off: bool,
+}
+
+impl ReadOnlyTally {
+    /// Second runs a kernel may cost before their rate counts.
+    const FREE_RERUNS: u64 = 8;
+    /// More than one second run in this many read-only runs: reading back is cheaper.
+    const RUNS_PER_RERUN: u64 = 50;
+
+    /// Whether `kernel` still gets its cache read-only.
+    pub fn allows(&self, kernel: &str) -> bool {
+        let t = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        !t.get(kernel).is_some_and(|r| r.off)
+    }
+
+    /// Counts a read-only run of `kernel` (`rerun`: it crashed and ran again); returns
+    /// a line to tell the user when this turns the read-only cache off for it.
+    pub fn count(&self, kernel: &str, rerun: bool) -> Option<String> {
+        let mut t = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let r = t.entry(kernel.to_string()).or_default();
+        r.runs += 1;
+        r.reruns += u64::from(rerun);
+        let costly = r.reruns > Self::FREE_RERUNS && r.reruns * Self::RUNS_PER_RERUN > r.runs;
+        (costly && !r.off).then(|| {
+            r.off = true;
+            format!(
+                "{kernel} crashed {} times in {} runs with its KV cache read-only, each run \
+                 again with the cache writable: from now on its cache is read back after \
+                 each run instead",
+                r.reruns, r.runs
+            )
+        })
     }
 }
 
@@ -263,5 +312,25 @@ mod tests {
         );
         let e = CacheCheck::parse(Some("off")).unwrap_err();
         assert!(e.contains("MQA_FUZZ_CACHE_CHECK=\"off\""), "{e}");
+    }
+
+    #[test]
+    fn a_kernel_that_crashes_often_stops_getting_a_read_only_cache() {
+        let t = ReadOnlyTally::default();
+        // A few crashes among many runs: still read-only.
+        for k in 0..1000 {
+            assert_eq!(t.count("rare", k % 100 == 0), None);
+        }
+        assert!(t.allows("rare"));
+        // One crash in ten: off after the free ones, said once.
+        let said: Vec<String> = (0..200)
+            .filter_map(|k| t.count("often", k % 10 == 0))
+            .collect();
+        assert_eq!(said.len(), 1, "{said:?}");
+        assert!(said[0].contains("often crashed 9 times"), "{said:?}");
+        assert!(!t.allows("often"));
+        assert!(t.allows("rare"), "kernels are counted apart");
+        // Clones share the tally.
+        assert!(!t.clone().allows("often"));
     }
 }

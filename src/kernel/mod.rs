@@ -25,7 +25,7 @@ pub use contract::{
     JudgedRun, Kernel, KernelEntry, OpenError, OutsideContract, RunError, RunInfo, WorkerReport,
 };
 pub use device_judge::{
-    CacheCheck, CheckedElement, DeviceClass, DeviceJudgeRequest, DeviceJudgement,
+    CacheCheck, CheckedElement, DeviceClass, DeviceJudgeRequest, DeviceJudgement, ReadOnlyTally,
     READ_ONLY_MIN_BYTES,
 };
 pub use output::{OutputBuffer, OutputStorage, GUARD_ELEMS, POISON_BITS};

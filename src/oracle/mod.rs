@@ -261,6 +261,8 @@ pub struct OracleConfig {
     /// Where outputs are judged (`--judge`): on the device next to a GPU kernel's output
     /// (DESIGN §8), or on the CPU.
     pub judge: JudgeMode,
+    /// What handing kernels their cache read-only has cost (shared by clones).
+    pub read_only: crate::kernel::ReadOnlyTally,
 }
 
 impl Default for OracleConfig {
@@ -270,6 +272,7 @@ impl Default for OracleConfig {
             max_examples: 4,
             plain_judge: false,
             judge: JudgeMode::Auto,
+            read_only: Default::default(),
         }
     }
 }

@@ -221,7 +221,12 @@ fn first_line(s: &str) -> &str {
 /// run judged there too, their rows compared by digests of V(r) with the batch's. Where
 /// one differs, the batch is run again with its output fetched and [`check`]ed element
 /// by element (which also tells a nondeterministic kernel from a batch-variant one).
-pub fn check_digests(kernel: &dyn Kernel, case: &Case, batched: &[u64]) -> (Outcome, u64) {
+pub fn check_digests(
+    kernel: &dyn Kernel,
+    case: &Case,
+    batched: &[u64],
+    read_only: bool,
+) -> (Outcome, u64) {
     let (b, variants) = match variants(case) {
         Ok(v) => v,
         Err(skipped) => return (skipped, 0),
@@ -231,7 +236,7 @@ pub fn check_digests(kernel: &dyn Kernel, case: &Case, batched: &[u64]) -> (Outc
     let mut differs = false;
     for (what, sub, at) in variants {
         runs += 1;
-        let d = match rerun_digests(kernel, &sub) {
+        let d = match rerun_digests(kernel, &sub, read_only) {
             Ok(d) => d,
             Err(e) => return (not_run(what, e), runs),
         };

@@ -80,11 +80,12 @@ pub fn check_digests(
     case: &Case,
     first: &[u64],
     repeat: u32,
+    read_only: bool,
 ) -> (Outcome, u64) {
     let mut runs = 0;
     for k in 2..=repeat.max(2) {
         runs += 1;
-        let d = match rerun_digests(kernel, case) {
+        let d = match rerun_digests(kernel, case, read_only) {
             Ok(d) => d,
             Err(RunError::Crash(m)) => return (crashed(k, repeat, &m), runs),
             Err(RunError::Skipped(m)) | Err(RunError::Environment(m)) => {

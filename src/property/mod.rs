@@ -224,8 +224,9 @@ pub struct PropertyOutcome {
 pub enum FirstRun<'a> {
     /// Its output (judged on the CPU, or fetched for a finding).
     Output(&'a OutputBuffer),
-    /// Its rows' digests of V(r) (judged on the device: the output stayed there).
-    Digests(&'a [u64]),
+    /// Its rows' digests of V(r) (judged on the device: the output stayed there), and
+    /// whether its cache was read-only (re-runs are laid out the same way).
+    Digests(&'a [u64], bool),
     /// No output (the run crashed or was skipped).
     Nothing,
 }
@@ -235,7 +236,7 @@ impl<'a> FirstRun<'a> {
     pub fn of(judged: &'a harness::Judged) -> FirstRun<'a> {
         match (&judged.output, &judged.device) {
             (Some(o), _) => FirstRun::Output(o),
-            (None, Some(d)) => FirstRun::Digests(&d.row_digests),
+            (None, Some(d)) => FirstRun::Digests(&d.row_digests, d.read_only_cache),
             (None, None) => FirstRun::Nothing,
         }
     }
@@ -273,12 +274,12 @@ pub fn check_case(
             (Property::Deterministic, FirstRun::Output(o)) => {
                 determinism::check(kernel, case, o, plan.repeat)
             }
-            (Property::Deterministic, FirstRun::Digests(d)) => {
-                determinism::check_digests(kernel, case, d, plan.repeat)
+            (Property::Deterministic, FirstRun::Digests(d, ro)) => {
+                determinism::check_digests(kernel, case, d, plan.repeat, ro)
             }
             (Property::BatchInvariant, FirstRun::Output(o)) => batch::check(kernel, case, o),
-            (Property::BatchInvariant, FirstRun::Digests(d)) => {
-                batch::check_digests(kernel, case, d)
+            (Property::BatchInvariant, FirstRun::Digests(d, ro)) => {
+                batch::check_digests(kernel, case, d, ro)
             }
         };
         v.push(PropertyOutcome {
@@ -404,14 +405,18 @@ pub fn broken_by_plant(kernel: &str) -> Option<Property> {
 }
 
 /// Runs `case` once more, judged on the device for its rows' digests only (the output
-/// stays there).
-pub(crate) fn rerun_digests(kernel: &dyn Kernel, case: &Case) -> Result<Vec<u64>, RunError> {
+/// stays there); `read_only`: the first run's cache was read-only, so this one's is
+/// where its size allows.
+pub(crate) fn rerun_digests(
+    kernel: &dyn Kernel,
+    case: &Case,
+    read_only: bool,
+) -> Result<Vec<u64>, RunError> {
     if let Some(why) = kernel.capabilities().rejects(case) {
         return Err(RunError::Skipped(why));
     }
-    // Laid out as the first run was (its cache read-only where that one's was).
     let req = DeviceJudgeRequest {
-        read_only_cache: crate::kernel::CacheCheck::current().read_only_for(case),
+        read_only_cache: read_only && crate::kernel::CacheCheck::current().read_only_for(case),
         ..DeviceJudgeRequest::digests(kernel.capabilities().scale_placement)
     };
     let mut out = kernel.output_for_judged(case);
