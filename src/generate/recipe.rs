@@ -7,6 +7,7 @@ use crate::case::{BlockTable, Case, ContextLens, Shape, SparseKvCache, ValueLayo
 use crate::fp8::Fp8Format;
 use proptest::test_runner::TestRng;
 use rand::{Rng, RngExt};
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 pub use super::values::rng_for;
@@ -268,14 +269,25 @@ impl Recipe {
                 Padding::Stale => (1 + h() % (num_blocks.max(2) - 1)).min(i32::MAX as u64) as i32,
             }
         };
-        let mut entries = Vec::with_capacity(batch * row_stride);
-        for b in 0..batch {
-            let row = blocks.row(b);
-            // Ids are below num_blocks, which validation holds to 2^31.
-            entries.extend(row.iter().map(|&l| phys(l).min(i32::MAX as u64) as i32));
-            let at = entries.len() as u64;
-            entries.extend((row.len()..row_stride).map(|j| pad_value(at + (j - row.len()) as u64)));
-        }
+        // Rows in parallel (an engine's table at block size 1 has tens of millions of
+        // entries); zero padding is left as the zeroed allocation has it.
+        let mut entries = vec![0i32; batch * row_stride];
+        entries
+            .par_chunks_mut(row_stride.max(1))
+            .enumerate()
+            .for_each(|(b, out)| {
+                let row = blocks.row(b);
+                // Ids are below num_blocks, which validation holds to 2^31.
+                for (e, &l) in out.iter_mut().zip(row) {
+                    *e = phys(l).min(i32::MAX as u64) as i32;
+                }
+                if k.padding != Padding::Zero {
+                    let at = (b * row_stride) as u64;
+                    for (j, e) in out.iter_mut().enumerate().skip(row.len()) {
+                        *e = pad_value(at + j as u64);
+                    }
+                }
+            });
 
         let context_lens = match &self.lens {
             LensRecipe::PerSequence(v) => {
