@@ -327,7 +327,7 @@ fn lay_out_and_run(
         None => timer.elapsed_ms().map_err(failure)? as f64,
     };
     let after = dc.input_hashes(gpu, true)?;
-    let checked = match view {
+    let checked = match dc.view {
         CacheView::ReadBack => "check inputs: after (the whole cache read)",
         CacheView::ReadOnly => "check inputs: after (the cache was read-only)",
     };

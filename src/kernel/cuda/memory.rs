@@ -250,9 +250,10 @@ impl DeviceCase {
         lens_padded.resize(lens_padded.len() + 64, 0);
         let lens_mem = small(&lens_padded)?;
         let decode = small(&decode_tables())?;
-        let kernel_kv = match view {
-            CacheView::ReadBack => kv.ptr,
-            CacheView::ReadOnly => lease.kv().read_only_base().expect("the cache has a view"),
+        // Without a read-only view (the device refused one), the cache is read back.
+        let (view, kernel_kv) = match (view, lease.kv().read_only_base()) {
+            (CacheView::ReadOnly, Some(ro)) => (CacheView::ReadOnly, ro),
+            _ => (CacheView::ReadBack, kv.ptr),
         };
         let params = Params {
             q: q.ptr(),

@@ -171,12 +171,10 @@ impl Region {
         let first = self.mapped;
         while self.mapped < want {
             let i = self.mapped;
-            for range in std::iter::once(&self.range).chain(&self.view) {
-                // SAFETY: chunk i's span lies inside the range (checked above) and is
-                // not mapped; the chunk outlives its mappings (unmapped in `Drop` first).
-                unsafe { range.map(GAP + i as u64 * self.chunk, &self.chunks[i]) }
-                    .map_err(failure)?;
-            }
+            // SAFETY: chunk i's span lies inside the range (checked above) and is not
+            // mapped; the chunk outlives its mappings (unmapped in `Drop` first).
+            unsafe { self.range.map(GAP + i as u64 * self.chunk, &self.chunks[i]) }
+                .map_err(failure)?;
             self.mapped += 1;
         }
         let (offset, new) = (
@@ -186,10 +184,49 @@ impl Region {
         self.range
             .allow(offset, new, self.device)
             .map_err(failure)?;
-        if let Some(view) = &self.view {
-            view.allow_read(offset, new, self.device).map_err(failure)?;
+        if let Err((held, e)) = self.map_view(first, want) {
+            self.drop_view(held, &e);
         }
         Ok(())
+    }
+
+    /// Maps chunks `first..want` into the read-only view too; on failure, how many
+    /// chunks (from 0) the view then holds, and why.
+    fn map_view(&self, first: usize, want: usize) -> Result<(), (usize, String)> {
+        let Some(view) = &self.view else {
+            return Ok(());
+        };
+        for i in first..want {
+            // SAFETY: as for the range: the view mirrors it chunk for chunk.
+            unsafe { view.map(GAP + i as u64 * self.chunk, &self.chunks[i]) }
+                .map_err(|e| (i, e))?;
+        }
+        let (offset, new) = (
+            GAP + first as u64 * self.chunk,
+            (want.saturating_sub(first)) as u64 * self.chunk,
+        );
+        view.allow_read(offset, new, self.device)
+            .map_err(|e| (want, e))
+    }
+
+    /// A device or driver that refuses the read-only view: its `held` chunks unmapped,
+    /// the view gone (the kernel then gets the cache's own addresses and the cache is
+    /// read back after each run), said once.
+    fn drop_view(&mut self, held: usize, why: &str) {
+        static SAID: std::sync::Once = std::sync::Once::new();
+        SAID.call_once(|| {
+            eprintln!(
+                "mqa-fuzz: the device refuses a read-only mapping of the KV cache ({why}): \
+                 the cache is read back after each run instead"
+            )
+        });
+        if let Some(view) = self.view.take() {
+            for i in 0..held {
+                // SAFETY: chunk i was mapped into the view by `map_view`; the device is
+                // idle (mapping happens between cases).
+                let _ = unsafe { view.unmap(GAP + i as u64 * self.chunk, self.chunk) };
+            }
+        }
     }
 
     /// Frees the chunks past `keep` that are not mapped.
