@@ -196,14 +196,14 @@ fn run_and_judge_on_device(
     let mut result = kernel.run_judged(case, &req, &mut out);
     // A store into a read-only cache faults: such a crash runs again with the cache
     // writable (and read back after), so the verdict says what the kernel did to its
-    // input, not how the mapping stopped it.
+    // input, not how the mapping stopped it. A hang is no store: not run again.
     let mut read_only_crash = None;
     if req.read_only_cache {
-        let crashed = matches!(result, Err(RunError::Crash(_)));
+        let crashed = matches!(&result, Err(e @ RunError::Crash(_)) if !e.is_timeout());
         if let Some(line) = cfg.read_only.count(kernel.name(), crashed) {
             eprintln!("mqa-fuzz: {line}");
         }
-        if let Err(RunError::Crash(m)) = &result {
+        if let (true, Err(RunError::Crash(m))) = (crashed, &result) {
             read_only_crash = Some(m.clone());
             let writable = DeviceJudgeRequest {
                 read_only_cache: false,

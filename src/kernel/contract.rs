@@ -293,6 +293,16 @@ pub enum RunError {
     Environment(String),
 }
 
+/// How a crash message says the kernel did not answer in time (it hung, or ran away).
+pub const TIMEOUT_MARK: &str = "(timeout)";
+
+impl RunError {
+    /// A crash by timeout: the kernel hung rather than faulted.
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, RunError::Crash(m) if m.contains(TIMEOUT_MARK))
+    }
+}
+
 /// A case field a library specialises (JIT-compiles) its kernel on: DeepGEMM compiles
 /// per heads, head dim, next_n and block size; Triton per constexpr set. A kernel
 /// declares its compile key (`Kernel::compile_key`, a worker's `compile_key` in its

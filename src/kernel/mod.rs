@@ -23,6 +23,7 @@ pub mod registry;
 pub use contract::{
     compile_key_of, Accumulation, Adjustment, BlockSizes, Capabilities, CompileField, Demands,
     JudgedRun, Kernel, KernelEntry, OpenError, OutsideContract, RunError, RunInfo, WorkerReport,
+    TIMEOUT_MARK,
 };
 pub use device_judge::{
     CacheCheck, CheckedElement, DeviceClass, DeviceJudgeRequest, DeviceJudgement, ReadOnlyTally,

@@ -83,8 +83,9 @@ impl ExecKernel {
                 }
                 Err(RecvTimeoutError::Timeout) => {
                     break 'wait format!(
-                        "no answer within {:.0} s (timeout)",
-                        self.config.case_timeout.as_secs_f64()
+                        "no answer within {:.0} s {}",
+                        self.config.case_timeout.as_secs_f64(),
+                        crate::kernel::TIMEOUT_MARK
                     )
                 }
             };
