@@ -30,6 +30,10 @@ pub(super) struct Allowance {
     spent: Duration,
     /// Shrink time spent after the deadline.
     past_deadline: Duration,
+    /// The guess of a shrink step's or ablation run's time, learnt from the last one, so
+    /// that a run expected to end past its grant is not started (a step on a large case
+    /// takes seconds; each finding's first step would overrun the caps by one).
+    pub run_cost: crate::finding::RunCost,
     pub summary: Shrinking,
 }
 
@@ -59,6 +63,7 @@ impl Allowance {
             floor: floor(cfg),
             spent: Duration::ZERO,
             past_deadline: Duration::ZERO,
+            run_cost: Default::default(),
             summary: Shrinking {
                 share: cfg.shrink_share,
                 cap_secs: cap.map_or(0.0, |c| c.as_secs_f64()),

@@ -117,20 +117,29 @@ impl Book {
         } = ev;
         let kernels = &ctx.engine.kernels;
         // Every failure of the case: a kernel's own verdict, or the first disagreement.
-        let mut failures: Vec<(Subject, Verdict, String)> = Vec::new();
-        for (kern, run) in kernels.iter().zip(&judgement.runs) {
+        let mut failures: Vec<(Subject, Verdict, String, f64)> = Vec::new();
+        // What judging the case again costs a shrink step, which checks every row: the
+        // run, and the reference and judge scaled up from the rows the campaign checked.
+        let secs = |i: usize| {
+            let r = &judgement.runs[i];
+            let checked = r.verdict.metrics.rows_checked.max(1) as f64;
+            let scale = (case.rows() as f64 / checked).max(1.0);
+            r.wall_secs + (r.judge_secs + judgement.reference_secs) * scale
+        };
+        for (i, (kern, run)) in kernels.iter().zip(&judgement.runs).enumerate() {
             if run.verdict.primary_class().is_some() {
                 let line = format!("{} {}", kern.name(), run.verdict);
-                failures.push((Subject::Kernel(kern.as_ref()), run.verdict.clone(), line));
+                let subject = Subject::Kernel(kern.as_ref());
+                failures.push((subject, run.verdict.clone(), line, secs(i)));
             }
         }
         if let Some((bi, msg)) = &judgement.divergence {
             let subject = Subject::Pair(kernels[0].as_ref(), kernels[*bi].as_ref());
             let line = format!("{} divergent: {msg}", subject.name());
-            failures.push((subject, divergent_verdict(msg), line));
+            failures.push((subject, divergent_verdict(msg), line, secs(0) + secs(*bi)));
         }
         let mut failed = !failures.is_empty();
-        for (subject, verdict, line) in failures {
+        for (subject, verdict, line, run_secs) in failures {
             match source {
                 Source::Generated(done) => {
                     let g = &done.generated;
@@ -140,6 +149,7 @@ impl Book {
                         verdict,
                         origin: Some((g.k, g.seed)),
                         parent: None,
+                        run_secs,
                     };
                     self.file(ctx, subject, failure);
                 }
@@ -177,6 +187,7 @@ impl Book {
                             verdict,
                             origin: Some((g.k, g.seed)),
                             parent: None,
+                            run_secs: run.wall_secs + run.judge_secs,
                         };
                         self.file(ctx, Subject::Property(kern.as_ref(), p), failure);
                     }
@@ -320,6 +331,7 @@ impl Book {
                     verdict,
                     origin: None,
                     parent: Some((k, seed)),
+                    run_secs: 0.0,
                 },
             );
         }
@@ -360,6 +372,7 @@ impl Book {
                         })
                     },
                     grant.end(),
+                    &mut ctx.allowance.run_cost,
                 );
                 ctx.timings.shrink_secs += t0.elapsed().as_secs_f64();
                 let short = !t.complete && !super::interrupt::requested();

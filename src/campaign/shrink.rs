@@ -11,7 +11,7 @@
 use super::subject::{ablation_outcome, Ctx, Evidence, Failure, Subject};
 use super::{interrupt, value_tree, Engine};
 use crate::case::Case;
-use crate::finding::{ablate, crash_reason, Trigger};
+use crate::finding::{ablate, crash_reason, RunCost, Trigger};
 use crate::generate::Recipe;
 use crate::oracle::{Class, Verdict};
 use crate::report::ShrinkCut;
@@ -51,8 +51,13 @@ impl Shrunk {
 /// Largest number of candidate cases tried for one finding.
 const MAX_STEPS: u32 = 2000;
 
+/// Consecutive candidates skipped as too slow for what is left, after which shrinking
+/// stops (out of time).
+const MAX_SKIPPED: u32 = 16;
+
 /// Shrinks the failure of case `(k, seed)`: `run` judges a candidate, `keep` says
-/// whether its verdict still shows the bug being shrunk.
+/// whether its verdict still shows the bug being shrunk. `cost`: the guess of a step's
+/// time (from the failing case's own judging, to start with), learnt from each step.
 pub(super) fn shrink(
     engine: &Engine,
     run: &dyn Fn(&Case) -> (Verdict, Option<Evidence>),
@@ -60,6 +65,7 @@ pub(super) fn shrink(
     (k, seed): (u64, u64),
     start: (&Case, &Verdict),
     budget: Duration,
+    cost: &mut RunCost,
 ) -> Shrunk {
     let began = Instant::now();
     let mut tree = value_tree(&engine.strategy(k), seed);
@@ -71,23 +77,34 @@ pub(super) fn shrink(
     }
     let mut seen: Vec<(Class, Option<String>)> = Vec::new();
     let mut steps = 0;
-    // The last step's time: a step that would end past the budget is not started (the
-    // candidates only get smaller, so the last step is a fair guess of the next).
-    let mut last = Duration::ZERO;
+    // A step that would end past the budget is not started ([`RunCost`]): one too slow
+    // for what is left is passed over as if it did not fail, so cheaper ones are tried;
+    // after MAX_SKIPPED of them in a row shrinking stops.
+    let mut skipped = 0;
     loop {
-        if began.elapsed() + last >= budget {
+        if began.elapsed() >= budget || skipped >= MAX_SKIPPED {
             best.timed_out = true;
             break;
         }
         if interrupt::requested() || steps >= MAX_STEPS {
             break;
         }
-        let step = Instant::now();
-        steps += 1;
         let (recipe, cand, _) = engine.materialize(&engine.in_epoch(k, tree.current()));
+        if began.elapsed() + cost.guess(&cand) >= budget {
+            skipped += 1;
+            if !tree.complicate() {
+                best.timed_out = true;
+                break;
+            }
+            continue;
+        }
+        skipped = 0;
+        steps += 1;
         let mut fails = false;
         if cand.validate().is_ok() {
+            let t0 = Instant::now();
             let (verdict, evidence) = run(&cand);
+            cost.record(&cand, t0.elapsed());
             if keep(&verdict) {
                 fails = true;
                 if size(&cand) <= size(&best.case) {
@@ -110,7 +127,6 @@ pub(super) fn shrink(
                 }
             }
         }
-        last = step.elapsed();
         let more = if fails {
             tree.simplify()
         } else {
@@ -143,6 +159,13 @@ pub(super) fn simplify(
     let t0 = Instant::now();
     let grant = ctx.allowance.grant(ctx.deadline.is_some());
     let budget = grant.budget;
+    // The first step's guess: from how long the failing case itself took, not from
+    // another finding's cases.
+    if f.run_secs > 0.0 {
+        ctx.allowance
+            .run_cost
+            .record(&f.case, Duration::from_secs_f64(f.run_secs));
+    }
     let shrunk = match f.origin {
         Some(origin) if !budget.is_zero() => shrink(
             engine,
@@ -151,6 +174,7 @@ pub(super) fn simplify(
             origin,
             (&f.case, &f.verdict),
             budget * 3 / 4,
+            &mut ctx.allowance.run_cost,
         ),
         Some(_) => Shrunk {
             timed_out: true,
@@ -169,6 +193,7 @@ pub(super) fn simplify(
         &shrunk.recipe,
         &mut |c: &Case| ablation_outcome(&subject.judge(engine, c).0, keep),
         end,
+        &mut ctx.allowance.run_cost,
     );
     ctx.timings.shrink_secs += t0.elapsed().as_secs_f64();
     let out_of_time = shrunk.timed_out || (!trigger.complete && !interrupt::requested());

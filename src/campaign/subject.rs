@@ -139,6 +139,9 @@ pub(super) struct Failure {
     /// For a case met while shrinking: the campaign case whose shrinking met it (for
     /// the corpus file's note).
     pub parent: Option<(u64, u64)>,
+    /// Seconds its subject took to run and judge it (0 when not known): the guess for
+    /// the first shrink step, which is not started when it would overrun the grant.
+    pub run_secs: f64,
 }
 
 /// What the campaign lends the book for one failure.

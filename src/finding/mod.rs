@@ -17,4 +17,4 @@ pub mod signature;
 
 pub use feature::{features_of, Feature, Tier};
 pub use reason::{crash_reason, normalise_reason};
-pub use signature::{ablate, shows, Signature, Trigger};
+pub use signature::{ablate, shows, RunCost, Signature, Trigger};

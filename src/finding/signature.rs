@@ -10,7 +10,7 @@ use crate::case::Case;
 use crate::generate::Recipe;
 use crate::oracle::{Class, Verdict};
 use serde::{Deserialize, Serialize};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// The necessary features of a shrunk failing case, with the recipe they were read
 /// from (for the sentences).
@@ -151,29 +151,70 @@ const ABLATION_DRAWS: u64 = 16;
 /// would call features necessary by chance (a benign form that happened to run clean).
 const CONTROL_RUNS: u32 = 2;
 
+/// A guess of how long judging a case takes, from the last judged case's time per unit
+/// of [`RunCost::work`]: shrinking and ablation do not start a run they expect to end
+/// past their time (a candidate can be far larger than the case before it: another
+/// alternative of the profile, a production server).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RunCost {
+    secs_per_work: f64,
+}
+
+impl RunCost {
+    /// What judging `c` costs, roughly: its output (allocated, poisoned, scanned) and
+    /// its dot products.
+    pub fn work(c: &Case) -> f64 {
+        let tokens: usize = (0..c.shape.batch).map(|b| c.seq_tokens(b)).sum();
+        (c.rows() * c.out_row_stride.max(1)) as f64
+            + (tokens * c.shape.next_n * c.shape.heads * c.shape.head_dim) as f64 / 8.0
+            + 1.0
+    }
+
+    /// The time judging `c` took.
+    pub fn record(&mut self, c: &Case, took: Duration) {
+        self.secs_per_work = took.as_secs_f64() / Self::work(c);
+    }
+
+    /// The time judging `c` should take.
+    pub fn guess(&self, c: &Case) -> Duration {
+        Duration::from_secs_f64(self.secs_per_work * Self::work(c))
+    }
+}
+
 /// Ablation: for each feature `recipe` has, its benign form is materialised and run
 /// (`still_fails`: `Some(true)` the failure still shows, `Some(false)` the case is
 /// clean, `None` inconclusive: the kernel skips the rewritten case, or it fails in
 /// another way that may hide this failure). A feature is necessary when its benign
 /// form shows the failure under none of [`ABLATION_DRAWS`] value draws and at least
 /// one draw is clean. Stops
-/// at `deadline` (the trigger is then marked incomplete). Returns the trigger and the
-/// runs made.
+/// before a run that would end past `deadline` (the trigger is then marked incomplete):
+/// `cost` guesses each run's time from the last one's and learns from each. Returns the
+/// trigger and the runs made.
 pub fn ablate(
     recipe: &Recipe,
     still_fails: &mut dyn FnMut(&Case) -> Option<bool>,
     deadline: Instant,
+    cost: &mut RunCost,
 ) -> (Trigger, u32) {
     let mut needed = Vec::new();
     let mut runs = 0;
     let mut complete = true;
     let case = recipe.materialize();
+    let out_of_time = |c: &Case, cost: &RunCost| {
+        Instant::now() + cost.guess(c) >= deadline || crate::interrupt::requested()
+    };
+    let mut still_fails = |c: &Case, cost: &mut RunCost| {
+        let t0 = Instant::now();
+        let r = still_fails(c);
+        cost.record(c, t0.elapsed());
+        r
+    };
     for _ in 0..CONTROL_RUNS {
-        if Instant::now() >= deadline || crate::interrupt::requested() {
+        if out_of_time(&case, cost) {
             return (Trigger::new(recipe, Vec::new(), false), runs);
         }
         runs += 1;
-        if still_fails(&case) == Some(false) {
+        if still_fails(&case, cost) == Some(false) {
             let mut t = Trigger::new(recipe, Vec::new(), false);
             t.flaky = true;
             return (t, runs);
@@ -183,7 +224,7 @@ pub fn ablate(
         let benign = f.benign(recipe);
         let mut clean = false;
         for draw in 0..ABLATION_DRAWS {
-            if Instant::now() >= deadline || crate::interrupt::requested() {
+            if crate::interrupt::requested() || Instant::now() >= deadline {
                 complete = false;
                 break 'features;
             }
@@ -191,11 +232,15 @@ pub fn ablate(
                 .clone()
                 .with(|k| k.seed ^= draw.wrapping_mul(0x9E37_79B9_7F4A_7C15))
                 .materialize();
+            if out_of_time(&case, cost) {
+                complete = false;
+                break 'features;
+            }
             if case.validate().is_err() {
                 continue 'features;
             }
             runs += 1;
-            match still_fails(&case) {
+            match still_fails(&case, cost) {
                 Some(false) => clean = true,
                 Some(true) => continue 'features,
                 None => {}
@@ -221,18 +266,15 @@ pub fn ablate(
         trigger.checked_tier = Some(want);
     } else if complete {
         for draw in 0..ABLATION_DRAWS {
-            if Instant::now() >= deadline || crate::interrupt::requested() {
-                break;
-            }
             let case = joint
                 .clone()
                 .with(|k| k.seed ^= draw.wrapping_mul(0x9E37_79B9_7F4A_7C15))
                 .materialize();
-            if case.validate().is_err() {
+            if out_of_time(&case, cost) || case.validate().is_err() {
                 break;
             }
             runs += 1;
-            if still_fails(&case) == Some(true) {
+            if still_fails(&case, cost) == Some(true) {
                 trigger.checked_tier = Some(want);
                 break;
             }
@@ -258,7 +300,12 @@ mod tests {
         let mut r = Recipe::small(vec![5, 9], 1, 1);
         r.knobs.values = ValueKind::Hostile;
         assert!(features_of(&r).contains(&Feature::HostileValues));
-        let (cut, runs) = ablate(&r, &mut |_| Some(true), Instant::now());
+        let (cut, runs) = ablate(
+            &r,
+            &mut |_| Some(true),
+            Instant::now(),
+            &mut RunCost::default(),
+        );
         assert_eq!(runs, 0);
         assert!(!cut.complete);
         assert_eq!(cut.tier(&r), Tier::Hostile);
@@ -286,6 +333,7 @@ mod tests {
                 Some(n % 5 == 0)
             },
             far,
+            &mut RunCost::default(),
         );
         assert!(t.flaky && !t.complete && t.features.is_empty(), "{t:?}");
         assert_eq!(
@@ -293,8 +341,39 @@ mod tests {
             "trigger not determined (the case does not fail on every run)"
         );
         // Deterministic: every benign form runs clean, so every feature is needed.
-        let (t, _) = ablate(&r, &mut |c| Some(*c == r.materialize()), far);
+        let (t, _) = ablate(
+            &r,
+            &mut |c| Some(*c == r.materialize()),
+            far,
+            &mut RunCost::default(),
+        );
         assert!(!t.flaky && t.complete, "{t:?}");
         assert_eq!(t.features, features_of(&r));
+    }
+
+    /// A run that would end past the deadline is not started: after a 50 ms run, with
+    /// 30 ms left, ablation stops (it used to start the next run and overrun).
+    #[test]
+    fn ablation_does_not_start_a_run_it_expects_to_end_past_its_deadline() {
+        let r = Recipe::small(vec![5, 9], 1, 1);
+        let deadline = Instant::now() + Duration::from_millis(80);
+        let mut cost = RunCost::default();
+        let (cut, runs) = ablate(
+            &r,
+            &mut |_| {
+                std::thread::sleep(Duration::from_millis(50));
+                Some(true)
+            },
+            deadline,
+            &mut cost,
+        );
+        assert_eq!(runs, 1, "the second run would end at ~100 ms, past 80");
+        assert!(!cut.complete);
+        let took = cost.guess(&r.materialize());
+        assert!(
+            took >= Duration::from_millis(50),
+            "the run's time is kept: {took:?}"
+        );
+        assert!(Instant::now() < deadline, "stopped before its deadline");
     }
 }
