@@ -24,6 +24,8 @@ enum Writable {
     LeavesAlone,
     /// Crashes too (a crash of its own, not a store).
     Crashes,
+    /// Never answers, whatever the cache (a timeout, read-only or not).
+    Hangs,
 }
 
 /// `cpu:chunked`'s output, judged "on the device" like a GPU worker's, from a kernel
@@ -65,6 +67,12 @@ impl Kernel for StoresIntoCache {
         out: &mut OutputBuffer,
     ) -> Result<JudgedRun, RunError> {
         self.asked.lock().unwrap().push(req.read_only_cache);
+        if matches!(self.writable, Writable::Hangs) {
+            return Err(RunError::Crash(format!(
+                "no answer within 120 s {}",
+                kernel::TIMEOUT_MARK
+            )));
+        }
         if req.read_only_cache {
             return Err(RunError::Crash(
                 "CUDA fault: an illegal memory access was encountered".into(),
@@ -180,39 +188,9 @@ fn a_kernel_that_keeps_crashing_gets_its_cache_read_back_instead() {
 
 #[test]
 fn a_hang_under_a_read_only_cache_is_not_run_again() {
-    /// Times out whatever the cache.
-    struct Hangs(StoresIntoCache);
-    impl Kernel for Hangs {
-        fn name(&self) -> &str {
-            "test:hangs"
-        }
-        fn capabilities(&self) -> &Capabilities {
-            self.0.capabilities()
-        }
-        fn run(&self, case: &Case, out: &mut OutputBuffer) -> Result<RunInfo, RunError> {
-            self.0.run(case, out)
-        }
-        fn device_judge(&self) -> Result<(), String> {
-            Ok(())
-        }
-        fn run_judged(
-            &self,
-            _case: &Case,
-            req: &DeviceJudgeRequest,
-            _out: &mut OutputBuffer,
-        ) -> Result<JudgedRun, RunError> {
-            self.0.asked.lock().unwrap().push(req.read_only_cache);
-            Err(RunError::Crash(format!(
-                "no answer within 120 s {}",
-                kernel::TIMEOUT_MARK
-            )))
-        }
-    }
-    let k = Hangs(StoresIntoCache::new(Writable::Crashes));
-    let case = big_pool();
-    let mut refs = ReferenceCache::new(&case);
-    let v = run_and_judge(&k, &case, &mut refs, &OracleConfig::default()).verdict;
-    assert_eq!(*k.0.asked.lock().unwrap(), vec![true], "one run, no second");
+    let k = StoresIntoCache::new(Writable::Hangs);
+    let v = judged(&k, &big_pool());
+    assert_eq!(*k.asked.lock().unwrap(), vec![true], "one run, no second");
     assert_eq!(
         v.classes.keys().copied().collect::<Vec<_>>(),
         vec![Class::Crash]
