@@ -118,14 +118,7 @@ impl Book {
         let kernels = &ctx.engine.kernels;
         // Every failure of the case: a kernel's own verdict, or the first disagreement.
         let mut failures: Vec<(Subject, Verdict, String, f64)> = Vec::new();
-        // What judging the case again costs a shrink step, which checks every row: the
-        // run, and the reference and judge scaled up from the rows the campaign checked.
-        let secs = |i: usize| {
-            let r = &judgement.runs[i];
-            let checked = r.verdict.metrics.rows_checked.max(1) as f64;
-            let scale = (case.rows() as f64 / checked).max(1.0);
-            r.wall_secs + (r.judge_secs + judgement.reference_secs) * scale
-        };
+        let secs = |i: usize| rerun_secs(case, judgement, i);
         for (i, (kern, run)) in kernels.iter().zip(&judgement.runs).enumerate() {
             if run.verdict.primary_class().is_some() {
                 let line = format!("{} {}", kern.name(), run.verdict);
@@ -174,7 +167,7 @@ impl Book {
         judgement: &super::engine::Judgement,
     ) -> bool {
         let (engine, mut failed) = (ctx.engine, false);
-        for (kern, run) in engine.kernels.iter().zip(&judgement.runs) {
+        for (i, (kern, run)) in engine.kernels.iter().zip(&judgement.runs).enumerate() {
             let props = &engine.cfg.properties;
             match source {
                 Source::Generated(done) => {
@@ -187,7 +180,7 @@ impl Book {
                             verdict,
                             origin: Some((g.k, g.seed)),
                             parent: None,
-                            run_secs: run.wall_secs + run.judge_secs,
+                            run_secs: rerun_secs(case, judgement, i),
                         };
                         self.file(ctx, Subject::Property(kern.as_ref(), p), failure);
                     }
@@ -616,6 +609,15 @@ impl Book {
             None => (None, Vec::new()),
         }
     }
+}
+
+/// What judging `case` again on kernel `i` costs a shrink step, which checks every row:
+/// the run, and the reference and judge scaled up from the rows the campaign checked.
+fn rerun_secs(case: &Case, judgement: &super::engine::Judgement, i: usize) -> f64 {
+    let r = &judgement.runs[i];
+    let checked = r.verdict.metrics.rows_checked.max(1) as f64;
+    let scale = (case.rows() as f64 / checked).max(1.0);
+    r.wall_secs + (r.judge_secs + judgement.reference_secs) * scale
 }
 
 #[cfg(test)]

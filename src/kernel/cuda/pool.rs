@@ -184,15 +184,20 @@ impl Region {
         self.range
             .allow(offset, new, self.device)
             .map_err(failure)?;
-        if let Err((held, e)) = self.map_view(first, want) {
+        if let Err((held, e)) = self.map_view(first, want, (offset, new)) {
             self.drop_view(held, &e);
         }
         Ok(())
     }
 
-    /// Maps chunks `first..want` into the read-only view too; on failure, how many
-    /// chunks (from 0) the view then holds, and why.
-    fn map_view(&self, first: usize, want: usize) -> Result<(), (usize, String)> {
+    /// Maps chunks `first..want` (the bytes `span` of the range) into the read-only view
+    /// too; on failure, how many chunks (from 0) the view then holds, and why.
+    fn map_view(
+        &self,
+        first: usize,
+        want: usize,
+        (offset, new): (u64, u64),
+    ) -> Result<(), (usize, String)> {
         let Some(view) = &self.view else {
             return Ok(());
         };
@@ -201,10 +206,6 @@ impl Region {
             unsafe { view.map(GAP + i as u64 * self.chunk, &self.chunks[i]) }
                 .map_err(|e| (i, e))?;
         }
-        let (offset, new) = (
-            GAP + first as u64 * self.chunk,
-            (want.saturating_sub(first)) as u64 * self.chunk,
-        );
         view.allow_read(offset, new, self.device)
             .map_err(|e| (want, e))
     }
