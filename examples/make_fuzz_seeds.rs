@@ -77,6 +77,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         capabilities: caps,
         compile_key: Vec::new(),
         draws_values: false,
+        draws_table_tails: false,
         judges_on_device: false,
     }));
     let small = OutputBuffer::new(2, 3, 4);

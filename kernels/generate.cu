@@ -10,6 +10,9 @@
 //                  token's f32 scale after the block's values.
 // pipeline_blocks_at: the same, each block straight into its slot of a device cache (a
 //                  case's keys drawn where the kernel reads them).
+// table_tail:      one thread per block-table entry: a column the harness sent, or the
+//                  padding rule's entry of the entry's index (src/case/mod.rs,
+//                  TailRule::entry), so an engine-sized table's padding never travels.
 
 #define BLOCK_STREAM 0x8000000000000000ULL
 
@@ -201,4 +204,36 @@ extern "C" __global__ void pipeline_blocks_at(unsigned long long seed, long long
     long long k = i / block_size;
     int p = (int)(i % block_size);
     draw_token(seed, index[k], p, block_size, d, fnuz, shuffle16, table, kv + ids[k] * stride);
+}
+
+__device__ __forceinline__ unsigned long long splitmix64(unsigned long long x) {
+    unsigned long long z = x + 0x9E3779B97F4A7C15ULL;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+// Entry g = b * stride + j of a rows x stride table: held[starts[b] + j] for the row's
+// first starts[b + 1] - starts[b] entries, else the rule's: `fill`, or
+// min(lo + splitmix64(key ^ splitmix64(g)) % span, INT_MAX).
+extern "C" __global__ void table_tail(int* table, const int* held, const unsigned long long* starts,
+                                      long long rows, long long stride, int hashed, int fill,
+                                      unsigned long long key, unsigned long long lo,
+                                      unsigned long long span) {
+    long long g = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (g >= rows * stride) return;
+    long long b = g / stride, j = g - b * stride;
+    unsigned long long start = starts[b], end = starts[b + 1];
+    int v;
+    if ((unsigned long long)j < end - start) {
+        v = held[start + j];
+    } else if (!hashed) {
+        v = fill;
+    } else {
+        unsigned long long h = splitmix64(key ^ splitmix64((unsigned long long)g));
+        unsigned long long x = lo + (span ? h % span : 0ULL);
+        if (x < lo) x = ~0ULL;  // the host's saturating add
+        v = x > 0x7FFFFFFFULL ? 0x7FFFFFFF : (int)x;
+    }
+    table[g] = v;
 }

@@ -104,6 +104,7 @@ pub fn hosted_hello(host: &str) -> Result<Hello, String> {
         protocol::chosen_protocol(std::env::var("MQA_FUZZ_PROTOCOLS").ok().as_deref()).into(),
     );
     obj.insert("draws_values".into(), true.into());
+    obj.insert("draws_table_tails".into(), true.into());
     obj.insert("judges_on_device".into(), true.into());
     serde_path_to_error::deserialize(v)
         .map_err(|e| format!("the host's hello: field `{}`: {}", e.path(), e.inner()))
@@ -149,7 +150,7 @@ mod tests {
         let h = hosted_hello(&host.to_string()).unwrap();
         assert_eq!(h.name, "deepgemm:fp8_fp4_paged_mqa_logits");
         assert_eq!(h.compile_key.len(), 3);
-        assert!(h.draws_values && h.judges_on_device);
+        assert!(h.draws_values && h.draws_table_tails && h.judges_on_device);
         let bad = serde_json::json!({"name": "x", "library": "y", "version": "1", "device": "d", "capabilities": {"formats": 3}});
         let e = hosted_hello(&bad.to_string()).unwrap_err();
         assert!(e.contains("capabilities"), "{e}");

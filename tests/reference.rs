@@ -243,11 +243,7 @@ fn hand_case(
         num_blocks: 3 * nblk as u64 + 2,
         kv_block_stride: 2 * (16 + 4) + 12,
         context_lens: lens,
-        block_table: BlockTable {
-            max_blocks: nblk + 1,
-            row_stride: nblk + 2,
-            entries,
-        },
+        block_table: BlockTable::whole(nblk + 1, nblk + 2, entries),
         max_model_len: mml,
         out_row_stride: mml + 1,
         q,

@@ -134,11 +134,7 @@ fn build(r: &RawCase) -> Case {
         num_blocks,
         kv_block_stride,
         context_lens,
-        block_table: BlockTable {
-            max_blocks,
-            row_stride,
-            entries,
-        },
+        block_table: BlockTable::whole(max_blocks, row_stride, entries),
         max_model_len,
         out_row_stride,
         q,

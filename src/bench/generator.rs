@@ -99,3 +99,92 @@ pub fn identity(cases: usize) -> usize {
     ));
     failures
 }
+
+/// Block tables made whole on the device from their first columns and tail rule
+/// (`kernels/generate.cu`'s `table_tail`, what a worker does with a request's
+/// `block_table_tail`) against the generator's tables, entry for entry: `cases` random
+/// recipes, every padding kind, pool layouts at block size 1 among them. Returns the
+/// number that differ.
+pub fn table_tails(cases: usize) -> usize {
+    use crate::case::BlockTable;
+    use crate::generate::{OffsetClass, Padding, PoolRecipe, Recipe};
+    let start = Instant::now();
+    let mut rng = rng_for(0x7A11);
+    let (mut failures, mut entries) = (0, 0u64);
+    for k in 0..cases {
+        let padding = [
+            Padding::Zero,
+            Padding::MinusOne,
+            Padding::Huge,
+            Padding::Garbage,
+            Padding::Stale,
+        ][k % 5];
+        let lens: Vec<usize> = (0..rng.random_range(1..=8))
+            .map(|_| rng.random_range(0..=3000))
+            .collect();
+        let seed: u64 = rng.random();
+        let pool = rng.random_bool(0.5);
+        let recipe = Recipe::small(lens, rng.random_range(1..=2), seed).with(|kn| {
+            kn.padding = padding;
+            kn.surplus_blocks = rng.random_range(1..=100_000);
+            if pool {
+                kn.block_size = 1;
+                kn.offsets = OffsetClass::Pool(PoolRecipe {
+                    blocks: 100_000,
+                    stride: 132,
+                    churn: 256,
+                    occupancy_pct: 70,
+                    request_blocks: 500,
+                    rows_per_request: 1,
+                });
+            }
+        });
+        let case = recipe.materialize();
+        let t = &case.block_table;
+        let compact = t.tail.as_ref().filter(|_| t.tail_holds()).and_then(|tail| {
+            let held = t.held_entries()?;
+            BlockTable::compact(
+                t.max_blocks,
+                t.row_stride,
+                held,
+                tail.rule,
+                tail.held.clone(),
+            )
+        });
+        let Some(compact) = compact else {
+            failures += 1;
+            line(format!(
+                "  FAIL table {k}: the generator's table has no tail that holds"
+            ));
+            continue;
+        };
+        let device = with_gpu(|gpu| {
+            let mem = crate::kernel::cuda::generate::whole_table(gpu, &compact)?;
+            let mut host = vec![0i32; t.entries.len()];
+            mem.download(0, &mut host)
+                .map_err(crate::kernel::cuda::device::GpuFailure::Environment)?;
+            Ok(host)
+        });
+        entries += t.entries.len() as u64;
+        match device {
+            Err(e) => {
+                failures += 1;
+                line(format!("  FAIL table {k}: {e:?}"));
+            }
+            Ok(d) if d != t.entries => {
+                failures += 1;
+                let at = d.iter().zip(&t.entries).position(|(x, y)| x != y);
+                line(format!(
+                    "  FAIL table {k} ({padding:?}) differs at entry {at:?}"
+                ));
+            }
+            Ok(_) => {}
+        }
+    }
+    line(format!(
+        "table tails: {}/{cases} block tables made whole on the device equal the generator's ({entries} entries), {:.1}s",
+        cases - failures,
+        start.elapsed().as_secs_f64()
+    ));
+    failures
+}

@@ -367,6 +367,7 @@ pub fn selfcheck(
 
     // 3b. The device generator draws the CPU materialiser's bytes.
     failures += super::generator::identity(generator_cases);
+    failures += super::generator::table_tails(generator_cases);
 
     // 3c. The device judge gives the CPU judge's verdicts; keys drawn in place.
     failures += super::device_judge::identity(judge_cases);

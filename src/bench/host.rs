@@ -3,13 +3,16 @@
 //! case (`materialize`: tables, queries, weights; keys are drawn where they are read),
 //! `validate`, the harness writing the request's tensors into a shared region (keys as
 //! their recipe, as for a built-in worker) and the worker reading them back into a case
-//! (`read`, validation included). The case read back must equal the one written.
+//! (`read`, validation included). The case read back must equal the one written. The
+//! write and the read run twice a case, in alternating order: the block table sent
+//! whole and sent as its first columns and tail rule (`block_table_tail`, what built-in
+//! workers take), so the two are compared in one run.
 
 use crate::campaign::{case_seed, value_tree};
 use crate::error::Fatal;
 use crate::generate::strategy::draw_strategy_scaled;
 use crate::generate::Profile;
-use crate::kernel::exec::protocol::{self, RunRequest, Transport, WireInts};
+use crate::kernel::exec::protocol::{self, RunRequest, Transport, WireInts, WorkerDraws};
 use crate::kernel::exec::shm::{SharedRegion, ShmReader};
 use proptest::strategy::ValueTree;
 use serde::Serialize;
@@ -21,6 +24,9 @@ struct Steps {
     validate_s: f64,
     harness_write_s: f64,
     worker_read_s: f64,
+    /// The same with the block table sent whole.
+    harness_write_whole_s: f64,
+    worker_read_whole_s: f64,
 }
 
 impl Steps {
@@ -29,6 +35,8 @@ impl Steps {
         self.validate_s += o.validate_s;
         self.harness_write_s += o.harness_write_s;
         self.worker_read_s += o.worker_read_s;
+        self.harness_write_whole_s += o.harness_write_whole_s;
+        self.worker_read_whole_s += o.worker_read_whole_s;
     }
     fn total(&self) -> f64 {
         self.materialize_s + self.validate_s + self.harness_write_s + self.worker_read_s
@@ -73,36 +81,55 @@ pub fn run_host_bench(cases: u64, seed: u64, json: bool) -> Result<i32, Fatal> {
         case.validate()
             .map_err(|e| Fatal::environment(format!("case {k}: {}: {}", e.field, e.message)))?;
         let t2 = Instant::now();
-        let layout = protocol::region_layout(&case, true, region.path().to_string());
-        region.ensure(layout.bytes).map_err(|e| {
-            Fatal::environment(format!("a shared region of {} B: {e}", layout.bytes))
-        })?;
-        let ints = WireInts::with(&case, true);
-        region.write(&layout, &protocol::wire_inputs(&case, &ints));
-        let t3 = Instant::now();
-        let mut req = RunRequest::new(k, &case, Transport::Shm(layout.clone()));
-        req.kv_values = ints.drawn();
-        let mut src = ShmReader {
-            region: &region,
-            layout: &layout,
+        // The table sent whole, then as its tail rule (the other order on odd cases).
+        let whole = WorkerDraws {
+            values: true,
+            table_tails: false,
         };
-        let back = protocol::read_inputs(&req, &mut src, "region")
-            .map_err(|e| Fatal::environment(format!("case {k} read back: {e}")))?;
-        let t4 = Instant::now();
-        let same = back.block_table == case.block_table
-            && back.q == case.q
-            && back.weights == case.weights
-            && back.kv.ids() == case.kv.ids();
-        if !same {
-            return Err(Fatal::environment(format!(
-                "case {k} (seed {seed:#x}) did not read back as written"
-            )));
+        let order = if k % 2 == 0 {
+            [whole, WorkerDraws::ALL]
+        } else {
+            [WorkerDraws::ALL, whole]
+        };
+        let mut timed = [(0.0, 0.0); 2];
+        for draws in order {
+            let t2 = Instant::now();
+            let layout = protocol::region_layout(&case, draws, region.path().to_string());
+            region.ensure(layout.bytes).map_err(|e| {
+                Fatal::environment(format!("a shared region of {} B: {e}", layout.bytes))
+            })?;
+            let ints = WireInts::with(&case, draws);
+            region.write(&layout, &protocol::wire_inputs(&case, &ints));
+            let t3 = Instant::now();
+            let mut req = RunRequest::new(k, &case, Transport::Shm(layout.clone()));
+            req.kv_values = ints.drawn();
+            req.block_table_tail = ints.table_tail();
+            let mut src = ShmReader {
+                region: &region,
+                layout: &layout,
+            };
+            let back = protocol::read_inputs(&req, &mut src, "region")
+                .map_err(|e| Fatal::environment(format!("case {k} read back: {e}")))?;
+            let t4 = Instant::now();
+            let same = back.block_table == case.block_table
+                && back.q == case.q
+                && back.weights == case.weights
+                && back.kv.ids() == case.kv.ids();
+            if !same {
+                return Err(Fatal::environment(format!(
+                    "case {k} (seed {seed:#x}) did not read back as written"
+                )));
+            }
+            timed[usize::from(draws.table_tails)] =
+                ((t3 - t2).as_secs_f64(), (t4 - t3).as_secs_f64());
         }
         let s = Steps {
             materialize_s: (t1 - t0).as_secs_f64(),
             validate_s: (t2 - t1).as_secs_f64(),
-            harness_write_s: (t3 - t2).as_secs_f64(),
-            worker_read_s: (t4 - t3).as_secs_f64(),
+            harness_write_s: timed[1].0,
+            worker_read_s: timed[1].1,
+            harness_write_whole_s: timed[0].0,
+            worker_read_whole_s: timed[0].1,
         };
         summed.add(&s);
         entries += case.block_table.entries.len() as u64;
@@ -149,6 +176,24 @@ pub fn run_host_bench(cases: u64, seed: u64, json: bool) -> Result<i32, Fatal> {
         slowest.1.harness_write_s,
     );
     line("worker read", summed.worker_read_s, slowest.1.worker_read_s);
+    crate::outln!("  the same with the block table sent whole (not as its tail rule):");
+    line(
+        "harness write",
+        summed.harness_write_whole_s,
+        slowest.1.harness_write_whole_s,
+    );
+    line(
+        "worker read",
+        summed.worker_read_whole_s,
+        slowest.1.worker_read_whole_s,
+    );
+    crate::outln!(
+        "  write + read, whole / as the tail rule: {:.2}x summed, {:.2}x on the slowest case",
+        (summed.harness_write_whole_s + summed.worker_read_whole_s)
+            / (summed.harness_write_s + summed.worker_read_s).max(1e-9),
+        (slowest.1.harness_write_whole_s + slowest.1.worker_read_whole_s)
+            / (slowest.1.harness_write_s + slowest.1.worker_read_s).max(1e-9)
+    );
     crate::outln!(
         "slowest: case {} (block size {}, {} table entries)",
         slowest.0,

@@ -323,15 +323,15 @@ fn case_from_json(
         num_blocks: c.num_blocks,
         kv_block_stride: c.kv_block_stride,
         context_lens: c.context_lens,
-        block_table: BlockTable {
-            max_blocks: c.block_table.max_blocks,
-            row_stride: c.block_table.row_stride,
-            entries: table_entries(
+        block_table: BlockTable::whole(
+            c.block_table.max_blocks,
+            c.block_table.row_stride,
+            table_entries(
                 path,
                 c.block_table.entries.unwrap_or_default().into_iter(),
                 c.block_table.row_stride,
             )?,
-        },
+        ),
         max_model_len: c.max_model_len,
         out_row_stride: c.out_row_stride,
         q: Vec::new(),

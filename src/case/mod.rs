@@ -90,21 +90,219 @@ impl ContextLens {
 
 /// The block table `[B, max_blocks]`, stored with its row stride (which may exceed
 /// `max_blocks`). Entries past a sequence's used blocks are padding.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct BlockTable {
     pub max_blocks: usize,
     pub row_stride: usize,
     /// `B * row_stride` entries, row-major, int32 as every kernel reads them (files
-    /// keep int64; a loader refuses an entry that does not fit).
+    /// keep int64; a loader refuses an entry that does not fit). A compact table
+    /// ([`Self::compact`]) holds only each row's first `tail.held[b]` entries, back to
+    /// back.
     pub entries: Vec<i32>,
+    /// How the generator made every entry past each row's first `held[b]` (its padding
+    /// rule), so that a transport can send those first entries and the rule instead of
+    /// an engine-sized table (hundreds of millions of entries at block size 1). Not part
+    /// of the case: files never hold it, equality ignores it, and anything that builds
+    /// or edits entries by other means leaves it `None`.
+    #[serde(skip)]
+    pub tail: Option<TableTail>,
+    /// Set on a compact table (a worker's, read from a request that sent the table as
+    /// its tail): where each row's held entries start in `entries`, and the end.
+    /// [`Self::expand`] makes the table whole.
+    #[serde(skip)]
+    pub row_starts: Option<Vec<usize>>,
+}
+
+/// The entries of a block table past each row's first `held[b]`, as a rule of the
+/// entry's index `b * row_stride + j` ([`TailRule::entry`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TableTail {
+    pub rule: TailRule,
+    /// Entries held per row (the generator's: each row's used blocks).
+    pub held: Vec<usize>,
+}
+
+/// The value of a padding entry, a pure function of its index in the table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TailRule {
+    /// Every entry is this value.
+    Fill(i32),
+    /// `min(lo + splitmix64(key ^ splitmix64(index)) % span, i32::MAX)`
+    /// (`kernels/generate.cu`'s `table_tail` computes the same).
+    Hash { key: u64, lo: u64, span: u64 },
+}
+
+impl TailRule {
+    /// The entry at table index `index`.
+    #[inline]
+    pub fn entry(&self, index: u64) -> i32 {
+        use crate::util::splitmix64;
+        match *self {
+            TailRule::Fill(v) => v,
+            TailRule::Hash { key, lo, span } => {
+                let h = splitmix64(key ^ splitmix64(index));
+                lo.saturating_add(h % span.max(1)).min(i32::MAX as u64) as i32
+            }
+        }
+    }
 }
 
 impl BlockTable {
     #[inline]
     pub fn get(&self, b: usize, j: usize) -> i64 {
-        self.entries[b * self.row_stride + j] as i64
+        match (&self.row_starts, &self.tail) {
+            (Some(starts), Some(t)) => {
+                let (start, end) = (starts[b], starts[b + 1]);
+                if j < end - start {
+                    self.entries[start + j] as i64
+                } else {
+                    t.rule.entry((b * self.row_stride + j) as u64) as i64
+                }
+            }
+            _ => self.entries[b * self.row_stride + j] as i64,
+        }
+    }
+
+    /// Whether only each row's held entries are here ([`Self::row_starts`]).
+    pub fn is_compact(&self) -> bool {
+        self.row_starts.is_some()
+    }
+
+    /// Entries held by row `b`: `row_stride`, or its held count when compact.
+    pub fn held_by(&self, b: usize) -> usize {
+        match &self.row_starts {
+            Some(starts) => starts[b + 1] - starts[b],
+            None => self.row_stride,
+        }
+    }
+
+    /// Rows of the table.
+    pub fn rows(&self) -> usize {
+        match &self.row_starts {
+            Some(starts) => starts.len().saturating_sub(1),
+            None => self.entries.len().checked_div(self.row_stride).unwrap_or(0),
+        }
+    }
+
+    /// Makes a compact table whole (every entry held), on every core.
+    pub fn expand(&mut self) {
+        use rayon::prelude::*;
+        let (Some(starts), Some(t)) = (&self.row_starts, &self.tail) else {
+            return;
+        };
+        let stride = self.row_stride;
+        let mut full = vec![0i32; self.rows() * stride];
+        full.par_chunks_mut(stride.max(1))
+            .enumerate()
+            .for_each(|(b, row)| {
+                let held = &self.entries[starts[b]..starts[b + 1]];
+                row[..held.len()].copy_from_slice(held);
+                for (j, e) in row.iter_mut().enumerate().skip(held.len()) {
+                    *e = t.rule.entry((b * stride + j) as u64);
+                }
+            });
+        self.entries = full;
+        self.row_starts = None;
+    }
+
+    /// Whether a whole table's tail follows its rule, checked on a sample of the
+    /// tail's entries (every row's first and last included): a table whose entries
+    /// were edited after the generator set its tail fails it, and travels whole.
+    pub fn tail_holds(&self) -> bool {
+        let Some(t) = self.tail.as_ref().filter(|_| !self.is_compact()) else {
+            return false;
+        };
+        let (stride, rows) = (self.row_stride, self.rows());
+        if t.held.len() != rows || t.held.iter().any(|&h| h > stride) || stride == 0 {
+            return false;
+        }
+        let agrees = |b: usize, j: usize| {
+            j < t.held[b] || self.entries[b * stride + j] == t.rule.entry((b * stride + j) as u64)
+        };
+        let mut x = 0x5eed_7a11u64;
+        (0..rows).all(|b| agrees(b, t.held[b].min(stride - 1)) && agrees(b, stride - 1))
+            && (rows == 0
+                || (0..256).all(|_| {
+                    x = crate::util::splitmix64(x);
+                    let b = (x >> 32) as usize % rows;
+                    let j = t.held[b] + (x as u32 as usize) % (stride - t.held[b]).max(1);
+                    agrees(b, j.min(stride - 1))
+                }))
+    }
+
+    /// Each row's held entries of a whole table with a tail, back to back: what a
+    /// transport sends with the rule (after [`Self::tail_holds`]).
+    pub fn held_entries(&self) -> Option<Vec<i32>> {
+        let t = self.tail.as_ref().filter(|_| !self.is_compact())?;
+        let stride = self.row_stride;
+        let mut held = Vec::with_capacity(t.held.iter().sum());
+        for (b, &h) in t.held.iter().enumerate() {
+            held.extend_from_slice(&self.entries[b * stride..b * stride + h]);
+        }
+        Some(held)
+    }
+
+    /// A compact table: row `b` holds `held[b]` of the `held_entries` (back to back),
+    /// the rest of it is `rule`'s. `None` when the counts do not add up or pass the
+    /// stride.
+    pub fn compact(
+        max_blocks: usize,
+        row_stride: usize,
+        held_entries: Vec<i32>,
+        rule: TailRule,
+        held: Vec<usize>,
+    ) -> Option<Self> {
+        let mut starts = Vec::with_capacity(held.len() + 1);
+        let mut at = 0usize;
+        starts.push(0);
+        for &h in &held {
+            if h > row_stride {
+                return None;
+            }
+            at = at.checked_add(h)?;
+            starts.push(at);
+        }
+        (at == held_entries.len()).then_some(BlockTable {
+            max_blocks,
+            row_stride,
+            entries: held_entries,
+            tail: Some(TableTail { rule, held }),
+            row_starts: Some(starts),
+        })
+    }
+
+    /// A whole table of `entries` (no tail rule).
+    pub fn whole(max_blocks: usize, row_stride: usize, entries: Vec<i32>) -> Self {
+        BlockTable {
+            max_blocks,
+            row_stride,
+            entries,
+            tail: None,
+            row_starts: None,
+        }
     }
 }
+
+/// Tables are equal when every entry is, however they are held.
+impl PartialEq for BlockTable {
+    fn eq(&self, other: &Self) -> bool {
+        use rayon::prelude::*;
+        if self.max_blocks != other.max_blocks || self.row_stride != other.row_stride {
+            return false;
+        }
+        if !self.is_compact() && !other.is_compact() {
+            return self.entries == other.entries;
+        }
+        let rows = self.rows();
+        rows == other.rows()
+            && (0..rows)
+                .into_par_iter()
+                .all(|b| (0..self.row_stride).all(|j| self.get(b, j) == other.get(b, j)))
+    }
+}
+
+impl Eq for BlockTable {}
 
 /// The shape and encoding of a case.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

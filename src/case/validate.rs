@@ -223,8 +223,22 @@ fn validate_table_and_cache(c: &Case) -> Result<(), CaseError> {
             format!("{} is less than max_blocks {}", t.row_stride, t.max_blocks),
         ));
     }
-    let expect = s.batch.checked_mul(t.row_stride);
-    if expect != Some(t.entries.len()) {
+    // A compact table (a worker's, [`crate::case::BlockTable::compact`]) holds each
+    // row's first entries; every used block must be among them.
+    if let Some(starts) = &t.row_starts {
+        if starts.len() != s.batch + 1 || starts.last() != Some(&t.entries.len()) {
+            return Err(err(
+                "block_table_held",
+                format!(
+                    "counts {} rows holding {} entries, the case has {} rows and {} entries",
+                    starts.len().saturating_sub(1),
+                    starts.last().copied().unwrap_or(0),
+                    s.batch,
+                    t.entries.len()
+                ),
+            ));
+        }
+    } else if s.batch.checked_mul(t.row_stride) != Some(t.entries.len()) {
         return Err(err(
             "block_table.entries",
             format!(
@@ -246,6 +260,15 @@ fn validate_table_and_cache(c: &Case) -> Result<(), CaseError> {
                     c.seq_tokens(b),
                     s.block_size,
                     t.max_blocks
+                ),
+            ));
+        }
+        if used > t.held_by(b) {
+            return Err(err(
+                format!("block_table_held[{b}]"),
+                format!(
+                    "{} entries are held, the row uses {used} blocks",
+                    t.held_by(b)
                 ),
             ));
         }

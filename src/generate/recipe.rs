@@ -3,7 +3,9 @@
 //! the recipe (values from its `seed`), so the same recipe gives the same case, bit
 //! for bit, on every machine.
 
-use crate::case::{BlockTable, Case, ContextLens, Shape, SparseKvCache, ValueLayout};
+use crate::case::{
+    BlockTable, Case, ContextLens, Shape, SparseKvCache, TableTail, TailRule, ValueLayout,
+};
 use crate::fp8::Fp8Format;
 use proptest::test_runner::TestRng;
 use rand::{Rng, RngExt};
@@ -257,18 +259,24 @@ impl Recipe {
 
         // Padding entry `i`: a hash of its index, not the case's stream, so that an
         // engine-sized table (tens of millions of padding entries at block size 1) is
-        // cheap to draw and the values do not depend on the padding chosen.
-        let pad_value = |i: u64| -> i32 {
-            use crate::util::splitmix64;
-            let h = || splitmix64(k.seed ^ PAD_SALT ^ splitmix64(i));
-            match k.padding {
-                Padding::Zero => 0,
-                Padding::MinusOne => -1,
-                Padding::Huge => i32::MAX,
-                Padding::Garbage => (base + n_logical as u64 + h() % 2).min(i32::MAX as u64) as i32,
-                Padding::Stale => (1 + h() % (num_blocks.max(2) - 1)).min(i32::MAX as u64) as i32,
-            }
+        // cheap to draw, the values do not depend on the padding chosen, and a
+        // transport can send the rule instead of the entries (`BlockTable::tail`).
+        let rule = match k.padding {
+            Padding::Zero => TailRule::Fill(0),
+            Padding::MinusOne => TailRule::Fill(-1),
+            Padding::Huge => TailRule::Fill(i32::MAX),
+            Padding::Garbage => TailRule::Hash {
+                key: k.seed ^ PAD_SALT,
+                lo: base + n_logical as u64,
+                span: 2,
+            },
+            Padding::Stale => TailRule::Hash {
+                key: k.seed ^ PAD_SALT,
+                lo: 1,
+                span: num_blocks.max(2) - 1,
+            },
         };
+        let pad_value = |i: u64| rule.entry(i);
         // Rows in parallel (an engine's table at block size 1 has tens of millions of
         // entries); zero padding is left as the zeroed allocation has it.
         let mut entries = vec![0i32; batch * row_stride];
@@ -364,6 +372,13 @@ impl Recipe {
                 max_blocks,
                 row_stride,
                 entries,
+                // Every row's entries past its used blocks are the rule's; the
+                // big-output rows prepended above hash other indices.
+                tail: (!k.big_output).then(|| TableTail {
+                    rule,
+                    held: (0..batch).map(|b| blocks.row(b).len()).collect(),
+                }),
+                row_starts: None,
             },
             max_model_len,
             out_row_stride,

@@ -32,11 +32,7 @@ pub fn sub_batch(case: &Case, order: &[usize]) -> Case {
     let t = &case.block_table;
     let entries = order
         .iter()
-        .flat_map(|&b| {
-            t.entries[b * t.row_stride..(b + 1) * t.row_stride]
-                .iter()
-                .copied()
-        })
+        .flat_map(|&b| (0..t.row_stride).map(move |j| t.get(b, j) as i32))
         .collect();
     let q_seq = n * s.heads * s.head_dim;
     let w_seq = n * s.heads;
@@ -45,11 +41,7 @@ pub fn sub_batch(case: &Case, order: &[usize]) -> Case {
         num_blocks: case.num_blocks,
         kv_block_stride: case.kv_block_stride,
         context_lens,
-        block_table: BlockTable {
-            max_blocks: t.max_blocks,
-            row_stride: t.row_stride,
-            entries,
-        },
+        block_table: BlockTable::whole(t.max_blocks, t.row_stride, entries),
         max_model_len: case.max_model_len,
         out_row_stride: case.out_row_stride,
         q: order

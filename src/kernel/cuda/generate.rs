@@ -6,7 +6,7 @@ use super::compile::Program;
 use super::device::{Gpu, GpuFailure};
 use super::memory::{failure, launch, ArgPtr};
 use super::sys::DeviceMemory;
-use crate::case::{Shape, ValueLayout};
+use crate::case::{BlockTable, Shape, TailRule, ValueLayout};
 use crate::fp8::Fp8Format;
 use crate::generate::philox;
 
@@ -176,4 +176,49 @@ pub fn blocks_in_place(
             &mut index_mem.ptr(),
         ],
     )
+}
+
+/// A compact block table made whole on the device (`kernels/generate.cu`'s
+/// `table_tail`): each row's held entries and where they start uploaded, every other
+/// entry its tail rule's, the entries [`crate::case::BlockTable::expand`] makes on the
+/// host.
+pub fn whole_table(gpu: &mut Gpu, t: &BlockTable) -> Result<DeviceMemory, GpuFailure> {
+    let (Some(starts), Some(tail)) = (&t.row_starts, &t.tail) else {
+        panic!("whole_table takes a compact table");
+    };
+    let (rows, stride) = (t.rows(), t.row_stride);
+    let n = rows * stride;
+    let mem = super::memory::alloc((4 * n as u64).div_ceil(16).max(1) * 16)?;
+    mem.memset(0).map_err(failure)?;
+    if n == 0 {
+        return Ok(mem);
+    }
+    let held = super::memory::alloc((4 * t.entries.len() as u64).max(16))?;
+    held.upload(0, &t.entries[..]).map_err(failure)?;
+    let starts: Vec<u64> = starts.iter().map(|&x| x as u64).collect();
+    let starts_mem = super::memory::alloc(8 * starts.len() as u64)?;
+    starts_mem.upload(0, &starts[..]).map_err(failure)?;
+    let (hashed, fill, key, lo, span) = match tail.rule {
+        TailRule::Fill(v) => (0i32, v, 0u64, 0u64, 0u64),
+        TailRule::Hash { key, lo, span } => (1, 0, key, lo, span),
+    };
+    let mut args = (rows as i64, stride as i64, hashed, fill, key, lo, span);
+    run(
+        gpu,
+        "table_tail",
+        n,
+        &mut [
+            &mut mem.ptr(),
+            &mut held.ptr(),
+            &mut starts_mem.ptr(),
+            &mut args.0,
+            &mut args.1,
+            &mut args.2,
+            &mut args.3,
+            &mut args.4,
+            &mut args.5,
+            &mut args.6,
+        ],
+    )?;
+    Ok(mem)
 }

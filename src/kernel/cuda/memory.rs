@@ -58,7 +58,7 @@ pub fn failure(e: String) -> GpuFailure {
 }
 
 /// Allocation whose failure means "does not fit".
-fn alloc(bytes: u64) -> Result<DeviceMemory, GpuFailure> {
+pub(super) fn alloc(bytes: u64) -> Result<DeviceMemory, GpuFailure> {
     DeviceMemory::alloc(bytes).map_err(|e| {
         if e.contains("OUT_OF_MEMORY") {
             GpuFailure::OutOfMemory(format!("allocating {bytes} bytes: {e}"))
@@ -245,7 +245,12 @@ impl DeviceCase {
         }
         let q = small(&case.q)?;
         let weights = small(&case.weights)?;
-        let table_mem = small(&case.block_table.entries)?;
+        // A compact table (a worker's, its padding sent as a rule) is made whole here.
+        let table_mem = if case.block_table.is_compact() {
+            super::generate::whole_table(gpu, &case.block_table)?
+        } else {
+            small(&case.block_table.entries)?
+        };
         let mut lens_padded = lens;
         lens_padded.resize(lens_padded.len() + 64, 0);
         let lens_mem = small(&lens_padded)?;

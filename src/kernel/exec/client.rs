@@ -314,19 +314,19 @@ impl ExecKernel {
             return self.send_prepared(slot, id, p, out).map(|a| a.info);
         }
         let t0 = Instant::now();
-        let ints = protocol::WireInts::with(case, self.hello.draws_values);
+        let ints = protocol::WireInts::with(case, self.hello.draws());
         if slot.region.is_none() {
             slot.region = Some(SharedRegion::create("mqa-fuzz-case").map_err(env)?);
         }
         let region = slot.region.as_mut().expect("created above");
-        let layout =
-            protocol::region_layout(case, self.hello.draws_values, region.path().to_string());
+        let layout = protocol::region_layout(case, self.hello.draws(), region.path().to_string());
         region.ensure(layout.bytes).map_err(env)?;
         region.write(&layout, &protocol::wire_tensors(case, &ints, out));
         let written = t0.elapsed().as_secs_f64();
         let mut req = RunRequest::new(id, case, Transport::Shm(layout.clone()));
         req.logits_poisoned = pristine;
         req.kv_values = ints.drawn();
+        req.block_table_tail = ints.table_tail();
         let mut info = self.exchange(slot, &req, None)?.info;
         let t1 = Instant::now();
         let region = slot.region.as_ref().expect("created above");
@@ -461,7 +461,7 @@ impl Kernel for ExecKernel {
     /// writes the output in place); on the heap otherwise, or if shared memory fails.
     fn output_for(&self, case: &Case) -> OutputBuffer {
         if let Some(pool) = &self.outputs {
-            let layout = protocol::region_layout(case, self.hello.draws_values, String::new());
+            let layout = protocol::region_layout(case, self.hello.draws(), String::new());
             match RegionOutput::new(pool, layout) {
                 Ok(storage) => {
                     return OutputBuffer::in_storage(

@@ -9,7 +9,9 @@
 
 use super::safetensors_stream::{self as st, Data};
 use super::shm::ShmTensors;
-use crate::case::{BlockTable, Case, ContextLens, DrawnValues, Shape, SparseKvCache};
+use crate::case::{
+    BlockTable, Case, ContextLens, DrawnValues, Shape, SparseKvCache, TableTail, TailRule,
+};
 use crate::kernel::{
     Capabilities, CompileField, DeviceJudgeRequest, DeviceJudgement, OutputBuffer, RunError,
     RunInfo, GUARD_ELEMS,
@@ -72,10 +74,48 @@ pub struct Hello {
     /// harness sends block ids only.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub draws_values: bool,
+    /// Optional: the worker takes a block table as its first columns and the rule of
+    /// the rest (a request's `block_table_tail`), so an engine-sized table's padding
+    /// does not travel (built-in workers; CUDA ones expand it on the device).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub draws_table_tails: bool,
     /// Optional: the worker judges a request's output on its device when the request
     /// carries `judge` (built-in CUDA workers), and answers with a `judgement`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub judges_on_device: bool,
+}
+
+impl Hello {
+    /// What this worker makes itself from a recipe instead of receiving it.
+    pub fn draws(&self) -> WorkerDraws {
+        WorkerDraws {
+            values: self.draws_values,
+            table_tails: self.draws_table_tails,
+        }
+    }
+}
+
+/// What a worker makes from a recipe instead of receiving it (its hello's
+/// `draws_values` and `draws_table_tails`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WorkerDraws {
+    /// A drawn cache's keys: only their ids and value recipe travel.
+    pub values: bool,
+    /// A generated block table's padding: only the columns before its tail travel.
+    pub table_tails: bool,
+}
+
+impl WorkerDraws {
+    /// A built-in worker's: both.
+    pub const ALL: WorkerDraws = WorkerDraws {
+        values: true,
+        table_tails: true,
+    };
+    /// A third-party worker's: neither.
+    pub const NONE: WorkerDraws = WorkerDraws {
+        values: false,
+        table_tails: false,
+    };
 }
 
 /// Why a worker could not run a case (the `kind` of an `error` line).
@@ -247,6 +287,11 @@ pub struct RunRequest {
     /// index `l` of this recipe.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_values: Option<DrawnValues>,
+    /// Only to workers whose hello says `draws_table_tails`: the `block_table` tensor
+    /// is 1-D, each row's first `block_table_held[b]` entries back to back; entry `j`
+    /// past them of row `b` is this rule's entry of index `b * block_table_stride + j`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_table_tail: Option<TailRule>,
     /// Only to workers whose hello says `judges_on_device` (protocol 2): judge the
     /// output on the device and write it into the region only if the judgement holds a
     /// finding. The region's `logits` are then not poisoned by the harness.
@@ -293,6 +338,7 @@ impl RunRequest {
             poison_bits: crate::kernel::POISON_BITS,
             logits_poisoned: false,
             kv_values: None,
+            block_table_tail: None,
             judge: None,
             context_lens: match &case.context_lens {
                 ContextLens::PerSequence(v) => LensWire::PerSequence(v.clone()),
@@ -316,17 +362,22 @@ pub struct WireInts {
     ids: Vec<i64>,
     /// The keys travel as their recipe: `ids` in draw order, no `kv_blocks` tensor.
     drawn: Option<DrawnValues>,
+    /// The table travels as each row's held entries (back to back), their counts and
+    /// the tail's rule.
+    table: Option<(TailRule, Vec<i32>, Vec<i32>)>,
 }
 
 impl WireInts {
     /// The stored blocks' ids, ascending (their bytes follow in `kv_blocks`).
     pub fn new(case: &Case) -> WireInts {
-        Self::with(case, false)
+        Self::with(case, WorkerDraws::NONE)
     }
 
     /// For a worker that draws values: a drawn cache travels as its recipe and its ids
-    /// in draw order; a stored one as [`Self::new`].
-    pub fn with(case: &Case, worker_draws: bool) -> WireInts {
+    /// in draw order; a stored one as [`Self::new`]. For one that draws table tails, a
+    /// generated table travels as its columns before the tail ([`table_tail_sent`]).
+    pub fn with(case: &Case, draws: WorkerDraws) -> WireInts {
+        let worker_draws = draws.values;
         let s = &case.shape;
         let (lens, lens_shape) = match &case.context_lens {
             ContextLens::PerSequence(v) => (v.iter().map(|&x| x as i32).collect(), vec![s.batch]),
@@ -347,7 +398,16 @@ impl WireInts {
                 .drawn_values()
                 .filter(|_| worker_draws)
                 .map(|(v, _)| v),
+            table: table_tail_sent(case, draws).and_then(|t| {
+                let counts = t.held.iter().map(|&h| h as i32).collect();
+                Some((t.rule, case.block_table.held_entries()?, counts))
+            }),
         }
+    }
+
+    /// The rule a request's `block_table_tail` carries (`None`: the whole table travels).
+    pub fn table_tail(&self) -> Option<TailRule> {
+        self.table.as_ref().map(|(rule, _, _)| *rule)
     }
 
     /// The recipe a request's `kv_values` carries (`None`: the blocks travel).
@@ -377,7 +437,14 @@ pub fn wire_inputs<'a>(
 ) -> Vec<(&'static str, Vec<usize>, Data<'a>)> {
     let s = &case.shape;
     let (lens, lens_shape, ids) = (&ints.lens, &ints.lens_shape, &ints.ids);
-    let table = &case.block_table.entries;
+    let table = match &ints.table {
+        Some((_, held, _)) => ("block_table", vec![held.len()], Data::I32(held)),
+        None => (
+            "block_table",
+            vec![s.batch, case.block_table.row_stride],
+            Data::I32(&case.block_table.entries),
+        ),
+    };
     let mut v = vec![
         (
             "q",
@@ -386,13 +453,12 @@ pub fn wire_inputs<'a>(
         ),
         ("weights", vec![s.rows(), s.heads], Data::F32(&case.weights)),
         ("context_lens", lens_shape.clone(), Data::I32(lens)),
-        (
-            "block_table",
-            vec![s.batch, case.block_table.row_stride],
-            Data::I32(table),
-        ),
+        table,
         ("kv_block_ids", vec![ids.len()], Data::I64(ids)),
     ];
+    if let Some((_, _, counts)) = &ints.table {
+        v.push(("block_table_held", vec![s.batch], Data::I32(counts)));
+    }
     if ints.drawn.is_none() {
         let blocks: Vec<&[u8]> = case.kv.iter().map(|(_, b)| b).collect();
         v.push((
@@ -409,7 +475,8 @@ pub fn wire_inputs<'a>(
 /// that an output buffer can live in the region from its start), then the inputs of
 /// [`wire_inputs`], sized from the case's dimensions without converting anything (an
 /// engine's block table has tens of millions of entries).
-pub fn region_layout(case: &Case, worker_draws: bool, path: String) -> ShmTensors {
+pub fn region_layout(case: &Case, draws: WorkerDraws, path: String) -> ShmTensors {
+    let worker_draws = draws.values;
     use st::Dtype::{F32, I32, I64, U8};
     let s = &case.shape;
     let raw = OutputBuffer::raw_len(case.rows(), case.out_row_stride);
@@ -418,7 +485,12 @@ pub fn region_layout(case: &Case, worker_draws: bool, path: String) -> ShmTensor
         ContextLens::PerToken(_) => vec![s.batch, s.next_n],
     };
     let lens = lens_shape.iter().product::<usize>();
-    let table = case.block_table.entries.len();
+    let tail = table_tail_sent(case, draws);
+    let table_shape = match tail {
+        Some(t) => vec![t.held.iter().sum::<usize>()],
+        None => vec![s.batch, case.block_table.row_stride],
+    };
+    let table = table_shape.iter().product::<usize>();
     let drawn = case.kv.drawn_values().filter(|_| worker_draws);
     let ids = drawn.map_or(case.kv.len(), |(_, ids)| ids.len());
     let mut specs = vec![
@@ -436,19 +508,27 @@ pub fn region_layout(case: &Case, worker_draws: bool, path: String) -> ShmTensor
             4 * case.weights.len(),
         ),
         ("context_lens", lens_shape, I32, 4 * lens),
-        (
-            "block_table",
-            vec![s.batch, case.block_table.row_stride],
-            I32,
-            4 * table,
-        ),
+        ("block_table", table_shape, I32, 4 * table),
         ("kv_block_ids", vec![ids], I64, 8 * ids),
     ];
+    if tail.is_some() {
+        specs.push(("block_table_held", vec![s.batch], I32, 4 * s.batch));
+    }
     if drawn.is_none() {
         let bb = s.block_bytes();
         specs.push(("kv_blocks", vec![ids, bb], U8, ids * bb));
     }
     ShmTensors::layout_of(path, &specs)
+}
+
+/// The tail of `case`'s table that travels as its rule to a worker that `draws`: a
+/// generated table's (`BlockTable::tail`, checked on a sample), to a worker that draws
+/// table tails. The region's layout and the tensors written both follow this.
+pub fn table_tail_sent(case: &Case, draws: WorkerDraws) -> Option<&TableTail> {
+    let t = &case.block_table;
+    t.tail
+        .as_ref()
+        .filter(|_| draws.table_tails && t.tail_holds())
 }
 
 /// Writes the version-1 case file.
@@ -542,11 +622,7 @@ pub fn read_inputs(req: &RunRequest, r: &mut dyn TensorSource, what: &str) -> Re
         num_blocks: req.num_blocks,
         kv_block_stride: req.kv_block_stride,
         context_lens: ContextLens::PerSequence(Vec::new()),
-        block_table: BlockTable {
-            max_blocks: req.max_blocks,
-            row_stride: req.block_table_stride,
-            entries: Vec::new(),
-        },
+        block_table: BlockTable::whole(req.max_blocks, req.block_table_stride, Vec::new()),
         max_model_len: req.max_model_len,
         out_row_stride: req.out_row_stride,
         q: Vec::new(),
@@ -573,7 +649,32 @@ pub fn read_inputs(req: &RunRequest, r: &mut dyn TensorSource, what: &str) -> Re
     let (ws, weights) = r.f32s("weights").map_err(at)?;
     expect("weights", &ws, &[shape.rows(), shape.heads])?;
     let (ts, table) = r.i32s("block_table").map_err(at)?;
-    expect("block_table", &ts, &[shape.batch, req.block_table_stride])?;
+    let block_table = match req.block_table_tail {
+        None => {
+            expect("block_table", &ts, &[shape.batch, req.block_table_stride])?;
+            BlockTable::whole(req.max_blocks, req.block_table_stride, table)
+        }
+        Some(rule) => {
+            let (hs, held) = r.i32s("block_table_held").map_err(at)?;
+            expect("block_table_held", &hs, &[shape.batch])?;
+            expect("block_table", &ts, &[table.len()])?;
+            if let Some(b) = held.iter().position(|&h| h < 0) {
+                return Err(at(format!(
+                    "block_table_held[{b}] = {} is negative",
+                    held[b]
+                )));
+            }
+            let held = held.iter().map(|&h| h as usize).collect();
+            BlockTable::compact(req.max_blocks, req.block_table_stride, table, rule, held)
+                .ok_or_else(|| {
+                    at(format!(
+                        "block_table_held: the counts pass block_table_stride ({}) or do not add up to block_table's {} entries",
+                        req.block_table_stride,
+                        ts.first().copied().unwrap_or(0)
+                    ))
+                })?
+        }
+    };
     let (is, ids) = r.i64s("kv_block_ids").map_err(at)?;
     // One id per block: a 2-D id tensor (or any other shape) would index past the
     // blocks below.
@@ -616,11 +717,7 @@ pub fn read_inputs(req: &RunRequest, r: &mut dyn TensorSource, what: &str) -> Re
         num_blocks: req.num_blocks,
         kv_block_stride: req.kv_block_stride,
         context_lens,
-        block_table: BlockTable {
-            max_blocks: req.max_blocks,
-            row_stride: req.block_table_stride,
-            entries: table,
-        },
+        block_table,
         max_model_len: req.max_model_len,
         out_row_stride: req.out_row_stride,
         q,

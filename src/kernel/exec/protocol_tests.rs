@@ -110,6 +110,7 @@ fn hello_version_skew_is_an_environment_error() {
         capabilities: caps,
         compile_key: vec![CompileField::Heads, CompileField::Lens2d],
         draws_values: false,
+        draws_table_tails: false,
         judges_on_device: false,
     };
     let line = WorkerLine::Hello(Box::new(h.clone())).to_line();
@@ -122,23 +123,37 @@ fn hello_version_skew_is_an_environment_error() {
 }
 
 /// The region's layout, sized from the case's dimensions, is the layout of the tensors
-/// the harness writes, for stored blocks and for a drawn cache sent as its recipe.
+/// the harness writes, for stored blocks and for a drawn cache sent as its recipe, for
+/// a table sent whole and one sent as its columns before the tail.
 #[test]
 fn the_region_layout_fits_the_tensors_written() {
     let drawn = case();
     assert!(drawn.kv.drawn_values().is_some());
+    assert!(drawn.block_table.tail.is_some());
     let mut stored = drawn.clone();
     let first = stored.kv.ids()[0];
     let b = stored.kv.get(first).unwrap().to_vec();
     stored.kv.insert(first, b);
     assert!(stored.kv.drawn_values().is_none());
-    for (c, draws) in [(&drawn, true), (&drawn, false), (&stored, true)] {
+    let values_only = WorkerDraws {
+        values: true,
+        table_tails: false,
+    };
+    let cases = [
+        (&drawn, values_only),
+        (&drawn, WorkerDraws::NONE),
+        (&stored, values_only),
+        (&drawn, WorkerDraws::ALL),
+        (&stored, WorkerDraws::ALL),
+    ];
+    for (c, draws) in cases {
         let ints = WireInts::with(c, draws);
+        assert_eq!(ints.table_tail().is_some(), draws.table_tails, "{draws:?}");
         let out = OutputBuffer::for_case(c);
         let written = ShmTensors::layout("p".into(), &wire_tensors(c, &ints, &out));
         let mut sized = region_layout(c, draws, "p".into());
         // `logits` comes first in the region, last in the wire's list: compare by name.
-        assert_eq!(sized.tensors.len(), written.tensors.len(), "{draws}");
+        assert_eq!(sized.tensors.len(), written.tensors.len(), "{draws:?}");
         for (name, t) in &written.tensors {
             let u = sized.tensors.remove(name).unwrap();
             assert_eq!(
@@ -147,5 +162,42 @@ fn the_region_layout_fits_the_tensors_written() {
                 "{name}"
             );
         }
+    }
+}
+
+/// A table sent as its first columns and its tail's rule reads back as the same table
+/// (compact on the worker, whole after `expand`), through a real shared region; one
+/// whose entries were edited after generation travels whole.
+#[test]
+fn a_table_sent_as_its_tail_rule_reads_back_as_the_table() {
+    use crate::kernel::exec::shm::{SharedRegion, ShmReader};
+    let mut edited = case();
+    edited.block_table.entries[edited.block_table.row_stride - 1] ^= 1;
+    for (c, compact) in [(case(), true), (edited, false)] {
+        let ints = WireInts::with(&c, WorkerDraws::ALL);
+        assert_eq!(ints.table_tail().is_some(), compact);
+        let mut region = SharedRegion::create("mqa-fuzz-test").unwrap();
+        let layout = region_layout(&c, WorkerDraws::ALL, region.path().to_string());
+        region.ensure(layout.bytes).unwrap();
+        region.write(&layout, &wire_inputs(&c, &ints));
+        let mut req = RunRequest::new(1, &c, Transport::Shm(layout.clone()));
+        req.kv_values = ints.drawn();
+        req.block_table_tail = ints.table_tail();
+        let line = serde_json::to_string(&req).unwrap();
+        let req: RunRequest = serde_json::from_str(&line).unwrap();
+        let mut src = ShmReader {
+            region: &region,
+            layout: &layout,
+        };
+        let mut back = read_inputs(&req, &mut src, "region").unwrap();
+        assert_eq!(back.block_table.is_compact(), compact);
+        if compact {
+            let held: usize = (0..c.shape.batch).map(|b| c.blocks_used(b)).sum();
+            assert_eq!(back.block_table.entries.len(), held);
+        }
+        assert_eq!(back.block_table, c.block_table);
+        back.block_table.expand();
+        assert!(!back.block_table.is_compact());
+        assert_eq!(back.block_table.entries, c.block_table.entries);
     }
 }

@@ -113,6 +113,9 @@ pub fn serve(
         // Built-in workers draw a generated case's keys from its recipe: on the device
         // for CUDA kernels, here for the others.
         draws_values: true,
+        // And a generated table's padding from its rule: on the device for CUDA
+        // kernels (`kernels/generate.cu`'s `table_tail`), here for the others.
+        draws_table_tails: true,
         judges_on_device: k.device_judge().is_ok(),
     };
     serve_on(
@@ -383,7 +386,7 @@ fn answer(
         kind,
         message,
     };
-    let (case, mut buf, in_place) = match read {
+    let (mut case, mut buf, in_place) = match read {
         Ok(x) => x,
         Err(e) => return error(ErrorKind::Crash, format!("bad case: {e}")),
     };
@@ -395,6 +398,7 @@ fn answer(
     let t_draw = Instant::now();
     if !k.on_accelerator() {
         case.kv.materialize();
+        case.block_table.expand();
     }
     let draw_secs = t_draw.elapsed().as_secs_f64();
     if let Some(judge) = &req.judge {

@@ -52,7 +52,7 @@ impl ExecKernel {
     /// [`Kernel::output_for_judged`]: a region of the pool, not poisoned.
     pub(super) fn unpoisoned_output(&self, case: &Case) -> OutputBuffer {
         if let Some(pool) = &self.outputs {
-            let layout = protocol::region_layout(case, self.hello.draws_values, String::new());
+            let layout = protocol::region_layout(case, self.hello.draws(), String::new());
             if let Ok(storage) = RegionOutput::new(pool, layout) {
                 // Not poisoned: the worker poisons its device buffer, and copies the
                 // whole of it (guards included) here only when the judgement says so.
@@ -146,7 +146,7 @@ impl ExecKernel {
         let pool = self.outputs.as_ref()?;
         let storage = region_output(out).filter(|r| r.is_from(pool))?;
         let t0 = Instant::now();
-        let ints = protocol::WireInts::with(case, self.hello.draws_values);
+        let ints = protocol::WireInts::with(case, self.hello.draws());
         let layout = storage.layout.clone();
         storage
             .region_mut()
@@ -156,6 +156,7 @@ impl ExecKernel {
         let mut req = RunRequest::new(0, case, Transport::Shm(layout));
         req.logits_poisoned = poisoned;
         req.kv_values = ints.drawn();
+        req.block_table_tail = ints.table_tail();
         req.judge = judge.cloned();
         Some(Prepared { req, written })
     }
