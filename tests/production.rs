@@ -94,7 +94,7 @@ fn production_cases_are_what_an_engine_feeds() {
         // Table entries are block ids of the pool (0 is the null block).
         assert!(c
             .block_table
-            .entries
+            .whole_entries()
             .iter()
             .all(|&id| id >= 0 && (id as u64) < c.num_blocks));
         // Zero-length requests only at the end (CUDA-graph padding) or everywhere (dummy).
@@ -204,13 +204,15 @@ fn a_kernel_with_fewer_next_n_gets_flattened_mtp_and_a_pool_within_its_memory() 
             assert_eq!(c.shape.next_n, 1);
             // The rows of one request read the same blocks.
             let g = d.knobs.next_n;
-            let row = |b: usize| {
-                &c.block_table.entries[b * c.block_table.row_stride..][..c.blocks_used(b)]
+            let row = |b: usize| -> Vec<i64> {
+                (0..c.blocks_used(b))
+                    .map(|j| c.block_table.get(b, j))
+                    .collect()
             };
             for b in (0..c.shape.batch).step_by(g) {
                 let last = b + g - 1;
                 assert!(
-                    row(last).starts_with(row(b)),
+                    row(last).starts_with(&row(b)),
                     "case {k}: request rows differ"
                 );
             }

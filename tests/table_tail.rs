@@ -128,3 +128,35 @@ fn a_big_output_table_has_no_tail() {
     assert!(c.block_table.tail.is_none());
     assert!(!c.block_table.tail_holds());
 }
+
+/// A table that is mostly padding past `COMPACT_TABLE_PADDING` is generated compact:
+/// each row's used entries and the rule, never the padding itself.
+#[test]
+fn a_huge_padded_table_is_generated_compact() {
+    use mqa_fuzz::generate::recipe::COMPACT_TABLE_PADDING;
+    for padding in PADDINGS {
+        let c = Recipe::small(vec![70, 0, 33], 1, 5)
+            .with(|k| {
+                k.padding = padding;
+                k.surplus_blocks = COMPACT_TABLE_PADDING / 3 + 1;
+            })
+            .materialize();
+        let t = &c.block_table;
+        assert!(t.is_compact(), "{padding:?}");
+        let used: Vec<usize> = (0..c.shape.batch).map(|b| c.blocks_used(b)).collect();
+        assert_eq!(t.entries.len(), used.iter().sum::<usize>());
+        assert_eq!(t.rows(), c.shape.batch);
+        assert_eq!(t.len(), c.shape.batch * t.row_stride);
+        let rule = t.tail.as_ref().unwrap().rule;
+        for (b, &u) in used.iter().enumerate() {
+            for j in 0..u {
+                assert!(c.kv.contains(t.get(b, j) as u64));
+            }
+            for j in [u, u + 1, t.row_stride / 2, t.row_stride - 1] {
+                let i = (b * t.row_stride + j) as u64;
+                assert_eq!(t.get(b, j), rule.entry(i) as i64, "[{b}][{j}]");
+            }
+        }
+        c.validate().unwrap();
+    }
+}

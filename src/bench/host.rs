@@ -132,9 +132,9 @@ pub fn run_host_bench(cases: u64, seed: u64, json: bool) -> Result<i32, Fatal> {
             worker_read_whole_s: timed[0].1,
         };
         summed.add(&s);
-        entries += case.block_table.entries.len() as u64;
+        entries += case.block_table.len() as u64;
         if s.total() > slowest.1.total() {
-            slowest = (k, s, case.shape.block_size, case.block_table.entries.len());
+            slowest = (k, s, case.shape.block_size, case.block_table.len());
         }
         if !json && (k + 1) % 10 == 0 && k + 1 < cases {
             eprintln!("mqa-fuzz: bench host: {}/{cases} cases", k + 1);

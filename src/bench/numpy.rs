@@ -62,7 +62,7 @@ pub fn write_case(case: &Case, placement: ScalePlacement, path: &Path) -> std::i
     let blocks: Vec<u8> = case.kv.iter().flat_map(|(_, b)| b).copied().collect();
     let table_entries = le(&mut case
         .block_table
-        .entries
+        .whole_entries()
         .iter()
         .map(|&x| i64::from(x).to_le_bytes()));
     let (lens, lens_shape) = match &case.context_lens {

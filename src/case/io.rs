@@ -528,7 +528,7 @@ fn load_tensors(
 pub fn save_case_file(path: &Path, file: &CaseFile) -> std::io::Result<()> {
     let c = &file.case;
     let tensor_bytes = c.q.len() + 4 * c.weights.len() + c.kv.len() * c.shape.block_bytes();
-    let table_inline = c.block_table.entries.len() <= TABLE_INLINE_MAX;
+    let table_inline = c.block_table.len() <= TABLE_INLINE_MAX;
     let tensors = if tensor_bytes <= INLINE_LIMIT && table_inline {
         TensorsJson::Inline {
             q: to_hex(&c.q),
@@ -562,8 +562,13 @@ pub fn save_case_file(path: &Path, file: &CaseFile) -> std::io::Result<()> {
             block_table: BlockTableJson {
                 max_blocks: c.block_table.max_blocks,
                 row_stride: c.block_table.row_stride,
-                entries: table_inline
-                    .then(|| c.block_table.entries.iter().map(|&e| e.into()).collect()),
+                entries: table_inline.then(|| {
+                    c.block_table
+                        .whole_entries()
+                        .iter()
+                        .map(|&e| e.into())
+                        .collect()
+                }),
             },
             tensors,
         },
@@ -587,7 +592,7 @@ pub fn tensors_to_safetensors(c: &Case, with_table: bool) -> std::io::Result<Vec
     let blks: Vec<u8> = c.kv.iter().flat_map(|(_, b)| b).copied().collect();
     let table: Vec<u8> = if with_table {
         c.block_table
-            .entries
+            .whole_entries()
             .iter()
             .flat_map(|&e| i64::from(e).to_le_bytes())
             .collect()

@@ -231,10 +231,35 @@ impl BlockTable {
                 }))
     }
 
-    /// Each row's held entries of a whole table with a tail, back to back: what a
-    /// transport sends with the rule (after [`Self::tail_holds`]).
+    /// Every entry, row-major (`B * row_stride`): the entries themselves, or a compact
+    /// table's made whole.
+    pub fn whole_entries(&self) -> std::borrow::Cow<'_, [i32]> {
+        if self.is_compact() {
+            let mut t = self.clone();
+            t.expand();
+            std::borrow::Cow::Owned(t.entries)
+        } else {
+            std::borrow::Cow::Borrowed(&self.entries)
+        }
+    }
+
+    /// Entries of the whole table (`B * row_stride`), however many are held.
+    pub fn len(&self) -> usize {
+        self.rows() * self.row_stride
+    }
+
+    /// Whether the table has no entries.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Each row's held entries of a table with a tail, back to back: what a transport
+    /// sends with the rule (after [`Self::tail_holds`] for a whole table).
     pub fn held_entries(&self) -> Option<Vec<i32>> {
-        let t = self.tail.as_ref().filter(|_| !self.is_compact())?;
+        if self.is_compact() {
+            return Some(self.entries.clone());
+        }
+        let t = self.tail.as_ref()?;
         let stride = self.row_stride;
         let mut held = Vec::with_capacity(t.held.iter().sum());
         for (b, &h) in t.held.iter().enumerate() {

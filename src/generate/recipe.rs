@@ -257,45 +257,8 @@ impl Recipe {
         let (base, n_logical, num_blocks) = (blocks.base, blocks.n_logical, blocks.num_blocks);
         let phys = |l: usize| blocks.phys[l];
 
-        // Padding entry `i`: a hash of its index, not the case's stream, so that an
-        // engine-sized table (tens of millions of padding entries at block size 1) is
-        // cheap to draw, the values do not depend on the padding chosen, and a
-        // transport can send the rule instead of the entries (`BlockTable::tail`).
-        let rule = match k.padding {
-            Padding::Zero => TailRule::Fill(0),
-            Padding::MinusOne => TailRule::Fill(-1),
-            Padding::Huge => TailRule::Fill(i32::MAX),
-            Padding::Garbage => TailRule::Hash {
-                key: k.seed ^ PAD_SALT,
-                lo: base + n_logical as u64,
-                span: 2,
-            },
-            Padding::Stale => TailRule::Hash {
-                key: k.seed ^ PAD_SALT,
-                lo: 1,
-                span: num_blocks.max(2) - 1,
-            },
-        };
-        let pad_value = |i: u64| rule.entry(i);
-        // Rows in parallel (an engine's table at block size 1 has tens of millions of
-        // entries); zero padding is left as the zeroed allocation has it.
-        let mut entries = vec![0i32; batch * row_stride];
-        entries
-            .par_chunks_mut(row_stride.max(1))
-            .enumerate()
-            .for_each(|(b, out)| {
-                let row = blocks.row(b);
-                // Ids are below num_blocks, which validation holds to 2^31.
-                for (e, &l) in out.iter_mut().zip(row) {
-                    *e = phys(l).min(i32::MAX as u64) as i32;
-                }
-                if k.padding != Padding::Zero {
-                    let at = (b * row_stride) as u64;
-                    for (j, e) in out.iter_mut().enumerate().skip(row.len()) {
-                        *e = pad_value(at + j as u64);
-                    }
-                }
-            });
+        let rule = self.tail_rule(&blocks);
+        let mut table = self.block_table(&blocks, max_blocks, row_stride, rule);
 
         let context_lens = match &self.lens {
             LensRecipe::PerSequence(v) => {
@@ -337,9 +300,9 @@ impl Recipe {
             }
             // Indices past the table's own: another stream of the same hash.
             let pad: Vec<i32> = (0..pad_seqs * row_stride)
-                .map(|i| pad_value((1 << 48) + i as u64))
+                .map(|i| rule.entry((1 << 48) + i as u64))
                 .collect();
-            entries.splice(0..0, pad);
+            table.entries.splice(0..0, pad);
         }
         let values = Values::draw(&shape, k.values, &mut rng, n_logical);
         let kv = match values.blocks {
@@ -368,18 +331,7 @@ impl Recipe {
             num_blocks,
             kv_block_stride: blocks.kv_block_stride,
             context_lens,
-            block_table: BlockTable {
-                max_blocks,
-                row_stride,
-                entries,
-                // Every row's entries past its used blocks are the rule's; the
-                // big-output rows prepended above hash other indices.
-                tail: (!k.big_output).then(|| TableTail {
-                    rule,
-                    held: (0..batch).map(|b| blocks.row(b).len()).collect(),
-                }),
-                row_starts: None,
-            },
+            block_table: table,
             max_model_len,
             out_row_stride,
             q: values.q,
@@ -387,6 +339,81 @@ impl Recipe {
             kv,
         }
     }
+    /// The padding rule. Padding entry `i` is a hash of its index, not the case's
+    /// stream, so that an engine-sized table (hundreds of millions of padding entries at
+    /// block size 1) is cheap to draw, the values do not depend on the padding chosen,
+    /// and a transport can send the rule instead of the entries (`BlockTable::tail`).
+    fn tail_rule(&self, blocks: &BlockLayout) -> TailRule {
+        let k = &self.knobs;
+        match k.padding {
+            Padding::Zero => TailRule::Fill(0),
+            Padding::MinusOne => TailRule::Fill(-1),
+            Padding::Huge => TailRule::Fill(i32::MAX),
+            Padding::Garbage => TailRule::Hash {
+                key: k.seed ^ PAD_SALT,
+                lo: blocks.base + blocks.n_logical as u64,
+                span: 2,
+            },
+            Padding::Stale => TailRule::Hash {
+                key: k.seed ^ PAD_SALT,
+                lo: 1,
+                span: blocks.num_blocks.max(2) - 1,
+            },
+        }
+    }
+
+    /// The block table of `blocks`: each row's physical ids, then `rule`'s padding.
+    /// Every row's entries past its used blocks are the rule's (`BlockTable::tail`; the
+    /// big-output rows `materialize` prepends hash other indices, so none there). A
+    /// table that is mostly padding past [`COMPACT_TABLE_PADDING`] (a block-size-1
+    /// server's) is held compact: each row's used entries and the rule.
+    fn block_table(
+        &self,
+        blocks: &BlockLayout,
+        max_blocks: usize,
+        row_stride: usize,
+        rule: TailRule,
+    ) -> BlockTable {
+        let k = &self.knobs;
+        let batch = self.batch();
+        let phys = |l: usize| blocks.phys[l].min(i32::MAX as u64) as i32;
+        let held: Vec<usize> = (0..batch).map(|b| blocks.row(b).len()).collect();
+        let padding_entries = (batch * row_stride).saturating_sub(held.iter().sum());
+        if !k.big_output && padding_entries >= COMPACT_TABLE_PADDING {
+            let entries = (0..batch)
+                .into_par_iter()
+                .flat_map_iter(|b| blocks.row(b).iter().map(|&l| phys(l)))
+                .collect();
+            return BlockTable::compact(max_blocks, row_stride, entries, rule, held)
+                .expect("each row holds its used blocks");
+        }
+        // Rows in parallel; zero padding is left as the zeroed allocation has it.
+        let mut entries = vec![0i32; batch * row_stride];
+        entries
+            .par_chunks_mut(row_stride.max(1))
+            .enumerate()
+            .for_each(|(b, out)| {
+                let row = blocks.row(b);
+                // Ids are below num_blocks, which validation holds to 2^31.
+                for (e, &l) in out.iter_mut().zip(row) {
+                    *e = phys(l);
+                }
+                if k.padding != Padding::Zero {
+                    let at = (b * row_stride) as u64;
+                    for (j, e) in out.iter_mut().enumerate().skip(row.len()) {
+                        *e = rule.entry(at + j as u64);
+                    }
+                }
+            });
+        BlockTable {
+            max_blocks,
+            row_stride,
+            entries,
+            tail: (!k.big_output).then_some(TableTail { rule, held }),
+            row_starts: None,
+        }
+    }
+
     /// Block ids of the layout hazards' recipes: logical ids 0.. in sequence order
     /// (shared prefixes reused), permuted or reversed, shifted so that they straddle the
     /// offset class's byte offset, in a cache a few blocks larger than they need.
@@ -525,6 +552,10 @@ impl BlockLayout {
         &self.requests[g][..n]
     }
 }
+
+/// Padding entries past which a generated table is held compact (each row's used
+/// entries and the padding rule, `BlockTable::row_starts`): 2^24 (64 MiB of entries).
+pub const COMPACT_TABLE_PADDING: usize = 1 << 24;
 
 /// Salt of the padding entries' hash (apart from the case's stream and the pool's).
 const PAD_SALT: u64 = 0x7061_642d_656e_7472;

@@ -164,12 +164,16 @@ impl ChunkedKernel {
         let bs = s.block_size;
         let j = t / bs;
         let p = t % bs;
-        let idx = b * case.block_table.row_stride + j;
-        let id = i64::from(*case.block_table.entries.get(idx).ok_or_else(|| {
-            RunError::Crash(format!(
+        // The entry at flat index `idx`, as a load from the table's memory would see it
+        // (a column past the row stride is the next row's).
+        let t = &case.block_table;
+        let idx = b * t.row_stride + j;
+        if idx >= t.len() {
+            return Err(RunError::Crash(format!(
                 "illegal address: block_table[{b}][{j}] is past the table"
-            ))
-        })?);
+            )));
+        }
+        let id = t.get(idx / t.row_stride, idx % t.row_stride);
         let stride = case.kv_block_stride;
         let base: i64 = if self.has(Plant::Offset32Kv) {
             (id as u32).wrapping_mul(stride as u32) as i64

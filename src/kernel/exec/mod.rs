@@ -8,7 +8,8 @@
 //! kernels (`mqa-fuzz worker --kernel NAME`), so a device fault costs one case.
 //!
 //! - [`protocol`]: messages, versions, and the tensors of a case (files for version 1).
-//! - [`shm`]: version 2's shared-memory region.
+//! - [`shm`]: version 2's shared-memory region; `wire`: what of a case travels, in what
+//!   types and layout.
 //! - `process`: starting, reading and killing a worker process or a fork-server life.
 //! - [`client`]: [`ExecKernel`], the supervised worker pool; `config`: how it starts its
 //!   workers ([`ExecConfig`]).
@@ -23,6 +24,7 @@ pub mod protocol;
 mod safetensors_stream;
 pub mod server;
 pub mod shm;
+mod wire;
 
 pub use client::{device_env, ExecConfig, ExecKernel};
 pub use protocol::{Hello, PROTOCOL_VERSION};

@@ -201,3 +201,33 @@ fn a_table_sent_as_its_tail_rule_reads_back_as_the_table() {
         assert_eq!(back.block_table.entries, c.block_table.entries);
     }
 }
+
+/// A table generated compact (mostly padding) travels as its held entries and rule to a
+/// worker that draws table tails, and whole (made whole here) to one that does not;
+/// both read back as the same table.
+#[test]
+fn a_compact_table_travels_to_either_worker() {
+    use crate::kernel::exec::shm::{SharedRegion, ShmReader};
+    let c = Recipe::small(vec![40, 7], 1, 9)
+        .with(|k| k.surplus_blocks = crate::generate::recipe::COMPACT_TABLE_PADDING / 2)
+        .materialize();
+    assert!(c.block_table.is_compact());
+    for draws in [WorkerDraws::ALL, WorkerDraws::NONE] {
+        let ints = WireInts::with(&c, draws);
+        assert_eq!(ints.table_tail().is_some(), draws.table_tails);
+        let mut region = SharedRegion::create("mqa-fuzz-test").unwrap();
+        let layout = region_layout(&c, draws, region.path().to_string());
+        region.ensure(layout.bytes).unwrap();
+        region.write(&layout, &wire_inputs(&c, &ints));
+        let mut req = RunRequest::new(1, &c, Transport::Shm(layout.clone()));
+        req.kv_values = ints.drawn();
+        req.block_table_tail = ints.table_tail();
+        let mut src = ShmReader {
+            region: &region,
+            layout: &layout,
+        };
+        let back = read_inputs(&req, &mut src, "region").unwrap();
+        assert_eq!(back.block_table.is_compact(), draws.table_tails);
+        assert_eq!(back.block_table, c.block_table);
+    }
+}
