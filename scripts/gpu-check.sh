@@ -8,7 +8,8 @@
 # quick       ~5 min, 1 GPU              `mqa-fuzz kernels`; `gpu-selfcheck` (the CUDA kernels against
 #                                        the CPU reference on random cases, every planted bug caught, the
 #                                        GPU reference bit-identical to the CPU, the device generator
-#                                        byte-identical to the CPU materialiser, the device judge's verdicts
+#                                        byte-identical to the CPU materialiser, block tables expanded from
+#                                        their padding rule equal to the generator's, the device judge's verdicts
 #                                        equal to the CPU judge's, the production case in time);
 #                                        `bench gpu`; the GPU integration tests (tests/cuda.rs);
 #                                        a 45 s cuda:tiled vs cpu:chunked campaign and a 60 s campaign on

@@ -101,6 +101,20 @@ fn table_padding_read() {
     }
 }
 
+/// The same on a table held compact (mostly padding: each row's used entries and the
+/// padding rule): the kernel reads the padding from the rule and faults all the same.
+#[test]
+fn table_padding_read_on_a_compact_table() {
+    for padding in [Padding::MinusOne, Padding::Huge] {
+        let mut r = recipe(vec![17, 33], 1);
+        r.knobs.padding = padding;
+        r.knobs.surplus_blocks = COMPACT_TABLE_PADDING / 2;
+        let case = r.materialize();
+        assert!(case.block_table.is_compact());
+        caught(Plant::TablePaddingRead, &case, Class::Crash);
+    }
+}
+
 #[test]
 fn table_padding_read_is_harmless_with_zero_padding() {
     // Padding 0 names a real block: the read is masked and nothing shows, as on a GPU.

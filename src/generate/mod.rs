@@ -13,5 +13,6 @@ pub(crate) mod values;
 
 pub use recipe::{
     Knobs, LensRecipe, OffsetClass, Padding, PoolRecipe, Recipe, TableOrder, ValueKind,
+    COMPACT_TABLE_PADDING,
 };
 pub use strategy::{draw_strategy, Draw, Profile};
