@@ -183,14 +183,24 @@ fn gpu_selection_is_parsed_and_checked() -> Ran {
 fn a_write_anywhere_in_the_cache_is_an_input_mutation() -> Ran {
     gpu()?;
     // Strides of 16-byte multiples are read 16 bytes at a time, others a word at a time.
-    // A pool of 20,000 more blocks: its far end lies in other windows of the streamed read.
-    for (pad, surplus) in [(16, 0), (12, 0), (16, 20_000), (12, 20_000)] {
+    // A pool past 4 GiB (its blocks around byte 2^32): its ends lie in windows of the
+    // streamed read far apart, past 32-bit offsets.
+    use mqa_fuzz::generate::OffsetClass;
+    for (pad, offsets) in [
+        (16, OffsetClass::Low),
+        (12, OffsetClass::Low),
+        (16, OffsetClass::Around4G),
+        (12, OffsetClass::Around4G),
+    ] {
         let case = recipe(vec![300, 700], 2)
             .with(|k| {
                 k.kv_stride_pad = pad;
-                k.surplus_blocks = surplus;
+                k.offsets = offsets;
             })
             .materialize();
+        if offsets == OffsetClass::Around4G {
+            assert!(case.kv_cache_bytes() > 1 << 32, "a pool past 4 GiB");
+        }
         assert_eq!(case.kv_block_stride.is_multiple_of(16), pad == 16);
         mutations_are_seen(&case)?;
     }
