@@ -106,9 +106,9 @@ pub struct BlockTable {
     /// or edits entries by other means leaves it `None`.
     #[serde(skip)]
     pub tail: Option<TableTail>,
-    /// Set on a compact table (a worker's, read from a request that sent the table as
-    /// its tail): where each row's held entries start in `entries`, and the end.
-    /// [`Self::expand`] makes the table whole.
+    /// Set on a compact table (a generated one that is mostly padding, or a worker's
+    /// read from a request that sent the table as its tail): where each row's held
+    /// entries start in `entries`, and the end. [`Self::expand`] makes the table whole.
     #[serde(skip)]
     pub row_starts: Option<Vec<usize>>,
 }
