@@ -245,7 +245,8 @@ impl DeviceCase {
         }
         let q = small(&case.q)?;
         let weights = small(&case.weights)?;
-        // A compact table (a worker's, its padding sent as a rule) is made whole here.
+        // A compact table (its padding a rule, as sent or as generated) is made whole
+        // here, on the device.
         let table_mem = if case.block_table.is_compact() {
             super::generate::whole_table(gpu, &case.block_table)?
         } else {

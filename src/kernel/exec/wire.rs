@@ -15,7 +15,8 @@ use crate::kernel::OutputBuffer;
 pub struct WorkerDraws {
     /// A drawn cache's keys: only their ids and value recipe travel.
     pub values: bool,
-    /// A generated block table's padding: only the columns before its tail travel.
+    /// A generated block table's padding: only each row's used entries and the padding
+    /// rule travel.
     pub table_tails: bool,
 }
 
@@ -55,7 +56,8 @@ impl WireInts {
 
     /// For a worker that draws values: a drawn cache travels as its recipe and its ids
     /// in draw order; a stored one as [`Self::new`]. For one that draws table tails, a
-    /// generated table travels as its columns before the tail ([`table_tail_sent`]).
+    /// generated table travels as each row's used entries and the padding rule
+    /// ([`table_tail_sent`]).
     pub fn with(case: &Case, draws: WorkerDraws) -> WireInts {
         let worker_draws = draws.values;
         let s = &case.shape;
