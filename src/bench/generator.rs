@@ -100,7 +100,7 @@ pub fn identity(cases: usize) -> usize {
     failures
 }
 
-/// Block tables made whole on the device from their first columns and tail rule
+/// Block tables made whole on the device from each row's used entries and padding rule
 /// (`kernels/generate.cu`'s `table_tail`, what a worker does with a request's
 /// `block_table_tail`) against the generator's tables, entry for entry: `cases` random
 /// recipes, every padding kind, pool layouts at block size 1 among them. Returns the

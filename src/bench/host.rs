@@ -5,8 +5,8 @@
 //! their recipe, as for a built-in worker) and the worker reading them back into a case
 //! (`read`, validation included). The case read back must equal the one written. The
 //! write and the read run twice a case, in alternating order: the block table sent
-//! whole and sent as its first columns and tail rule (`block_table_tail`, what built-in
-//! workers take), so the two are compared in one run.
+//! whole and sent as each row's used entries and padding rule (`block_table_tail`,
+//! what built-in workers take), so the two are compared in one run.
 
 use crate::campaign::{case_seed, value_tree};
 use crate::error::Fatal;

@@ -75,9 +75,9 @@ pub struct Hello {
     /// harness sends block ids only.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub draws_values: bool,
-    /// Optional: the worker takes a block table as its first columns and the rule of
-    /// the rest (a request's `block_table_tail`), so an engine-sized table's padding
-    /// does not travel (built-in workers; CUDA ones expand it on the device).
+    /// Optional: the worker takes a block table as each row's used entries and the
+    /// rule of the rest (a request's `block_table_tail`), so an engine-sized table's
+    /// padding does not travel (built-in workers; CUDA ones expand it on the device).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub draws_table_tails: bool,
     /// Optional: the worker judges a request's output on its device when the request

@@ -124,7 +124,7 @@ fn hello_version_skew_is_an_environment_error() {
 
 /// The region's layout, sized from the case's dimensions, is the layout of the tensors
 /// the harness writes, for stored blocks and for a drawn cache sent as its recipe, for
-/// a table sent whole and one sent as its columns before the tail.
+/// a table sent whole and one sent as each row's used entries and the padding rule.
 #[test]
 fn the_region_layout_fits_the_tensors_written() {
     let drawn = case();
@@ -165,7 +165,7 @@ fn the_region_layout_fits_the_tensors_written() {
     }
 }
 
-/// A table sent as its first columns and its tail's rule reads back as the same table
+/// A table sent as each row's used entries and the padding rule reads back as the same table
 /// (compact on the worker, whole after `expand`), through a real shared region; one
 /// whose entries were edited after generation travels whole.
 #[test]
