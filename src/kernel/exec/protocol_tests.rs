@@ -165,9 +165,9 @@ fn the_region_layout_fits_the_tensors_written() {
     }
 }
 
-/// A table sent as each row's used entries and the padding rule reads back as the same table
-/// (compact on the worker, whole after `expand`), through a real shared region; one
-/// whose entries were edited after generation travels whole.
+/// A table sent as each row's used entries and the padding rule reads back as the same
+/// table (compact on the worker, whole after `expand`), through a real shared region;
+/// one whose entries were edited after generation travels whole.
 #[test]
 fn a_table_sent_as_its_tail_rule_reads_back_as_the_table() {
     use crate::kernel::exec::shm::{SharedRegion, ShmReader};
