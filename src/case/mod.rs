@@ -192,14 +192,18 @@ impl BlockTable {
             return;
         };
         let stride = self.row_stride;
+        // Zero padding is left as the zeroed allocation has it.
+        let zero = t.rule == TailRule::Fill(0);
         let mut full = vec![0i32; self.rows() * stride];
         full.par_chunks_mut(stride.max(1))
             .enumerate()
             .for_each(|(b, row)| {
                 let held = &self.entries[starts[b]..starts[b + 1]];
                 row[..held.len()].copy_from_slice(held);
-                for (j, e) in row.iter_mut().enumerate().skip(held.len()) {
-                    *e = t.rule.entry((b * stride + j) as u64);
+                if !zero {
+                    for (j, e) in row.iter_mut().enumerate().skip(held.len()) {
+                        *e = t.rule.entry((b * stride + j) as u64);
+                    }
                 }
             });
         self.entries = full;

@@ -3,9 +3,7 @@
 //! the recipe (values from its `seed`), so the same recipe gives the same case, bit
 //! for bit, on every machine.
 
-use crate::case::{
-    BlockTable, Case, ContextLens, Shape, SparseKvCache, TableTail, TailRule, ValueLayout,
-};
+use crate::case::{BlockTable, Case, ContextLens, Shape, SparseKvCache, TailRule, ValueLayout};
 use crate::fp8::Fp8Format;
 use proptest::test_runner::TestRng;
 use rand::{Rng, RngExt};
@@ -366,7 +364,8 @@ impl Recipe {
     /// Every row's entries past its used blocks are the rule's (`BlockTable::tail`; the
     /// big-output rows `materialize` prepends hash other indices, so none there). A
     /// table that is mostly padding past [`COMPACT_TABLE_PADDING`] (a block-size-1
-    /// server's) is held compact: each row's used entries and the rule.
+    /// server's) stays compact: each row's used entries and the rule; any other is
+    /// made whole by `BlockTable::expand`, the one place padding is filled on the host.
     fn block_table(
         &self,
         blocks: &BlockLayout,
@@ -374,44 +373,28 @@ impl Recipe {
         row_stride: usize,
         rule: TailRule,
     ) -> BlockTable {
-        let k = &self.knobs;
         let batch = self.batch();
-        let phys = |l: usize| blocks.phys[l].min(i32::MAX as u64) as i32;
+        // Ids are below num_blocks, which validation holds to 2^31.
+        let entries = (0..batch)
+            .into_par_iter()
+            .flat_map_iter(|b| {
+                blocks
+                    .row(b)
+                    .iter()
+                    .map(|&l| blocks.phys[l].min(i32::MAX as u64) as i32)
+            })
+            .collect();
         let held: Vec<usize> = (0..batch).map(|b| blocks.row(b).len()).collect();
         let padding_entries = (batch * row_stride).saturating_sub(held.iter().sum());
-        if !k.big_output && padding_entries >= COMPACT_TABLE_PADDING {
-            let entries = (0..batch)
-                .into_par_iter()
-                .flat_map_iter(|b| blocks.row(b).iter().map(|&l| phys(l)))
-                .collect();
-            return BlockTable::compact(max_blocks, row_stride, entries, rule, held)
-                .expect("each row holds its used blocks");
+        let mut table = BlockTable::compact(max_blocks, row_stride, entries, rule, held)
+            .expect("each row holds its used blocks");
+        if self.knobs.big_output || padding_entries < COMPACT_TABLE_PADDING {
+            table.expand();
         }
-        // Rows in parallel; zero padding is left as the zeroed allocation has it.
-        let mut entries = vec![0i32; batch * row_stride];
-        entries
-            .par_chunks_mut(row_stride.max(1))
-            .enumerate()
-            .for_each(|(b, out)| {
-                let row = blocks.row(b);
-                // Ids are below num_blocks, which validation holds to 2^31.
-                for (e, &l) in out.iter_mut().zip(row) {
-                    *e = phys(l);
-                }
-                if k.padding != Padding::Zero {
-                    let at = (b * row_stride) as u64;
-                    for (j, e) in out.iter_mut().enumerate().skip(row.len()) {
-                        *e = rule.entry(at + j as u64);
-                    }
-                }
-            });
-        BlockTable {
-            max_blocks,
-            row_stride,
-            entries,
-            tail: (!k.big_output).then_some(TableTail { rule, held }),
-            row_starts: None,
+        if self.knobs.big_output {
+            table.tail = None;
         }
+        table
     }
 
     /// Block ids of the layout hazards' recipes: logical ids 0.. in sequence order

@@ -188,16 +188,14 @@ pub fn whole_table(gpu: &mut Gpu, t: &BlockTable) -> Result<DeviceMemory, GpuFai
     };
     let (rows, stride) = (t.rows(), t.row_stride);
     let n = rows * stride;
-    let mem = super::memory::alloc((4 * n as u64).div_ceil(16).max(1) * 16)?;
+    let mem = super::memory::alloc(super::memory::pad16(4 * n as u64))?;
     mem.memset(0).map_err(failure)?;
     if n == 0 {
         return Ok(mem);
     }
-    let held = super::memory::alloc((4 * t.entries.len() as u64).max(16))?;
-    held.upload(0, &t.entries[..]).map_err(failure)?;
+    let held = super::memory::small(&t.entries)?;
     let starts: Vec<u64> = starts.iter().map(|&x| x as u64).collect();
-    let starts_mem = super::memory::alloc(8 * starts.len() as u64)?;
-    starts_mem.upload(0, &starts[..]).map_err(failure)?;
+    let starts_mem = super::memory::small(&starts)?;
     let (hashed, fill, key, lo, span) = match tail.rule {
         TailRule::Fill(v) => (0i32, v, 0u64, 0u64, 0u64),
         TailRule::Hash { key, lo, span } => (1, 0, key, lo, span),

@@ -110,7 +110,7 @@ pub struct DeviceCase {
     lease: Lease,
 }
 
-fn pad16(n: u64) -> u64 {
+pub(super) fn pad16(n: u64) -> u64 {
     n.div_ceil(16) * 16
 }
 
@@ -141,7 +141,7 @@ fn decode_tables() -> Vec<f32> {
 }
 
 /// A small input buffer holding `data`, zero-padded to 16 bytes.
-fn small<T: Copy>(data: &[T]) -> Result<DeviceMemory, GpuFailure> {
+pub(super) fn small<T: Copy>(data: &[T]) -> Result<DeviceMemory, GpuFailure> {
     let m = alloc(pad16(std::mem::size_of_val(data) as u64))?;
     m.memset(0).map_err(failure)?;
     m.upload(0, data).map_err(failure)?;
