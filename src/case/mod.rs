@@ -257,13 +257,11 @@ impl BlockTable {
         self.len() == 0
     }
 
-    /// Each row's held entries of a table with a tail, back to back: what a transport
-    /// sends with the rule (after [`Self::tail_holds`] for a whole table).
+    /// Each row's held entries of a whole table with a tail, back to back: what a
+    /// transport sends with the rule (after [`Self::tail_holds`]; a compact table's
+    /// `entries` are these already).
     pub fn held_entries(&self) -> Option<Vec<i32>> {
-        if self.is_compact() {
-            return Some(self.entries.clone());
-        }
-        let t = self.tail.as_ref()?;
+        let t = self.tail.as_ref().filter(|_| !self.is_compact())?;
         let stride = self.row_stride;
         let mut held = Vec::with_capacity(t.held.iter().sum());
         for (b, &h) in t.held.iter().enumerate() {

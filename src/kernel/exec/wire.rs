@@ -41,11 +41,12 @@ pub struct WireInts {
     ids: Vec<i64>,
     /// The keys travel as their recipe: `ids` in draw order, no `kv_blocks` tensor.
     drawn: Option<DrawnValues>,
-    /// The table travels as each row's held entries (back to back), their counts and
-    /// the tail's rule.
-    table: Option<(TailRule, Vec<i32>, Vec<i32>)>,
-    /// A compact table made whole for a worker that takes whole tables.
-    whole_table: Option<Vec<i32>>,
+    /// The table travels as each row's held entries (back to back), with their counts
+    /// and the rule of the rest.
+    tail: Option<(TailRule, Vec<i32>)>,
+    /// The table's entries as they travel, where they are not the case's own: a whole
+    /// table's held entries (with `tail`), or a compact one made whole (without).
+    table: Option<Vec<i32>>,
 }
 
 impl WireInts {
@@ -61,6 +62,8 @@ impl WireInts {
     pub fn with(case: &Case, draws: WorkerDraws) -> WireInts {
         let worker_draws = draws.values;
         let s = &case.shape;
+        let t = &case.block_table;
+        let sent = table_tail_sent(case, draws);
         let (lens, lens_shape) = match &case.context_lens {
             ContextLens::PerSequence(v) => (v.iter().map(|&x| x as i32).collect(), vec![s.batch]),
             ContextLens::PerToken(v) => (
@@ -80,18 +83,18 @@ impl WireInts {
                 .drawn_values()
                 .filter(|_| worker_draws)
                 .map(|(v, _)| v),
-            table: table_tail_sent(case, draws).and_then(|t| {
-                let counts = t.held.iter().map(|&h| h as i32).collect();
-                Some((t.rule, case.block_table.held_entries()?, counts))
-            }),
-            whole_table: (case.block_table.is_compact() && table_tail_sent(case, draws).is_none())
-                .then(|| case.block_table.whole_entries().into_owned()),
+            tail: sent.map(|t| (t.rule, t.held.iter().map(|&h| h as i32).collect())),
+            table: match (sent, t.is_compact()) {
+                (Some(_), false) => t.held_entries(),
+                (None, true) => Some(t.whole_entries().into_owned()),
+                _ => None,
+            },
         }
     }
 
     /// The rule a request's `block_table_tail` carries (`None`: the whole table travels).
     pub fn table_tail(&self) -> Option<TailRule> {
-        self.table.as_ref().map(|(rule, _, _)| *rule)
+        self.tail.as_ref().map(|(rule, _)| *rule)
     }
 
     /// The recipe a request's `kv_values` carries (`None`: the blocks travel).
@@ -121,17 +124,10 @@ pub fn wire_inputs<'a>(
 ) -> Vec<(&'static str, Vec<usize>, Data<'a>)> {
     let s = &case.shape;
     let (lens, lens_shape, ids) = (&ints.lens, &ints.lens_shape, &ints.ids);
-    let table = match &ints.table {
-        Some((_, held, _)) => ("block_table", vec![held.len()], Data::I32(held)),
-        None => (
-            "block_table",
-            vec![s.batch, case.block_table.row_stride],
-            Data::I32(
-                ints.whole_table
-                    .as_deref()
-                    .unwrap_or(&case.block_table.entries),
-            ),
-        ),
+    let entries = ints.table.as_deref().unwrap_or(&case.block_table.entries);
+    let table_shape = match &ints.tail {
+        Some(_) => vec![entries.len()],
+        None => vec![s.batch, case.block_table.row_stride],
     };
     let mut v = vec![
         (
@@ -141,10 +137,10 @@ pub fn wire_inputs<'a>(
         ),
         ("weights", vec![s.rows(), s.heads], Data::F32(&case.weights)),
         ("context_lens", lens_shape.clone(), Data::I32(lens)),
-        table,
+        ("block_table", table_shape, Data::I32(entries)),
         ("kv_block_ids", vec![ids.len()], Data::I64(ids)),
     ];
-    if let Some((_, _, counts)) = &ints.table {
+    if let Some((_, counts)) = &ints.tail {
         v.push(("block_table_held", vec![s.batch], Data::I32(counts)));
     }
     if ints.drawn.is_none() {
