@@ -231,3 +231,58 @@ fn a_compact_table_travels_to_either_worker() {
         assert_eq!(back.block_table, c.block_table);
     }
 }
+
+/// A request whose `block_table_held` counts are negative, do not add up to the
+/// `block_table` entries or are missing is refused with a message naming the tensor.
+#[test]
+fn bad_held_counts_are_refused_naming_the_tensor() {
+    use crate::kernel::exec::shm::{SharedRegion, ShmReader};
+    let c = case();
+    let ints = WireInts::with(&c, WorkerDraws::ALL);
+    let held: Vec<i32> = (0..c.shape.batch)
+        .map(|b| c.blocks_used(b) as i32)
+        .collect();
+    let edits: [(&str, Vec<i32>); 3] = [
+        ("negative", vec![-1; held.len()]),
+        ("too many", held.iter().map(|h| h + 1).collect()),
+        (
+            "past the stride",
+            vec![c.block_table.row_stride as i32 + 1; held.len()],
+        ),
+    ];
+    for (what, bad) in edits {
+        let mut region = SharedRegion::create("mqa-fuzz-test").unwrap();
+        let layout = region_layout(&c, WorkerDraws::ALL, region.path().to_string());
+        region.ensure(layout.bytes).unwrap();
+        let mut tensors = wire_inputs(&c, &ints);
+        for t in tensors.iter_mut().filter(|t| t.0 == "block_table_held") {
+            t.2 = Data::I32(&bad);
+        }
+        region.write(&layout, &tensors);
+        let mut req = RunRequest::new(1, &c, Transport::Shm(layout.clone()));
+        req.kv_values = ints.drawn();
+        req.block_table_tail = ints.table_tail();
+        let mut src = ShmReader {
+            region: &region,
+            layout: &layout,
+        };
+        let e = read_inputs(&req, &mut src, "region").unwrap_err();
+        assert!(e.contains("block_table_held"), "{what}: {e}");
+    }
+    // A rule without the counts tensor (a layout for a whole-table worker).
+    let region_whole = region_layout(&c, WorkerDraws::NONE, "p".into());
+    let mut region = SharedRegion::create("mqa-fuzz-test").unwrap();
+    let mut layout = region_whole;
+    layout.path = region.path().to_string();
+    region.ensure(layout.bytes).unwrap();
+    let whole = WireInts::with(&c, WorkerDraws::NONE);
+    region.write(&layout, &wire_inputs(&c, &whole));
+    let mut req = RunRequest::new(1, &c, Transport::Shm(layout.clone()));
+    req.block_table_tail = ints.table_tail();
+    let mut src = ShmReader {
+        region: &region,
+        layout: &layout,
+    };
+    let e = read_inputs(&req, &mut src, "region").unwrap_err();
+    assert!(e.contains("block_table_held"), "{e}");
+}
