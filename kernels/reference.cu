@@ -38,6 +38,23 @@
 //   MTG=2   two m-tiles of 8 heads per pass; QF64=1 queries as f64 in shared memory;
 //   OMINB   CTAs per SM for the register budget; PIPE=1 double-buffered stage, so a
 //           group's head sum overlaps the next group's MMAs.
+//   IMMA=1  the dots on the integer tensor cores instead (sm_80+; D a multiple of 32, at
+//           most 128; MTG=2): see "Integer dots" below.
+//
+// Integer dots (IMMA=1). An fp8 value times 2^9 (fn) or 2^10 (fnuz) is an integer v,
+// |v| < 2^18. Split |v| into 7-bit limbs (bits 0-6, 7-13, 14-17), each carrying v's
+// sign, so every limb is an int8 in [-127, 127] (the top one in [-15, 15]) and
+// v = l0 + l1*2^7 + l2*2^14. A dot of D <= 128 such values is then
+//   sum_{i,j} P_ij * 2^(7(i+j)),  P_ij = sum_d q_i[d] * k_j[d],
+// nine m16n8k32 s8 MMAs per 32 dims with int32 accumulators, one accumulator per
+// i+j (S0..S4: |S0| < 2^21, |S1| < 2^22.1, |S2| < 2^21.3, |S3| < 2^18.9, |S4| < 2^14.9
+// at D = 128, so none can overflow), combined exactly as
+//   T01 = S0 + S1*2^7 (< 2^29.1), T234 = S2 + S3*2^7 + S4*2^14 (< 2^29.1),
+//   dot = (T234*2^14 + T01) * 2^-18 (or 2^-20): an integer below 2^44 made a double
+// exactly, times a power of two — the same f64 the DMMAs give. An fp8 NaN has no
+// integer: its limbs are 0 and a flag says NaN. A NaN query sets its head's weight
+// to NaN, a NaN key sets its token's sums to NaN: every head term is NaN then, exactly
+// as a NaN dot makes it in the f64 path (w * relu(NaN) and NaN * relu(x) are both NaN).
 
 #ifndef DD
 #define DD 128
@@ -94,6 +111,18 @@
 #ifndef KHI
 #define KHI 0
 #endif
+#ifndef IMMA
+#define IMMA 0
+#endif
+#if IMMA && (MTG != 2 || QF64 || QHI || KHI || QV || DW || PIPE || DD % 32 != 0 || DD > 128)
+#error "IMMA takes two head tiles of its own int8 limbs, no pipelining, D a multiple of 32 up to 128"
+#endif
+#if IMMA
+// Bytes of one head's query limbs in shared memory: limb l of dims t*KPT + s at
+// l*DD + t*KPT + s; padded so that the 8-byte fragment loads of a half warp (heads g,
+// lanes t4) fall on distinct banks at D = 128.
+#define QRSB (3 * DD + 8)
+#endif
 #define SHEADS (8 * MTG)
 #define SROW (SHEADS + SPAD)
 // How a decoded key sits in registers: as its f64, or (KHI) as the f64's high word,
@@ -133,6 +162,49 @@ __device__ __forceinline__ void dmma(double* c, double a, double b) {
                  : "d"(a), "d"(b));
 }
 
+#if IMMA
+// m16n8k32 s8 (sm_80+): A rows g (a[0], a[2]) and g+8 (a[1], a[3]), k = 4*t4 + 0..3 in
+// a[0], a[1] and 16 + 4*t4 + 0..3 in a[2], a[3]; B column g, the same k in b[0], b[1];
+// C rows g (c0, c1) and g+8 (c2, c3), columns 2*t4 + {0, 1}. As for the f64 MMA, which
+// dimension a k is does not matter as long as A and B agree: lane t4's k-slots of
+// k-step s are dims t4*KPT + 8*s + 0..7.
+__device__ __forceinline__ void imma(int* c, const u32* a, const u32* b) {
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// The limbs of one fp8 code (ltab entry: l0, l1, l2 as bytes 0-2, byte 3 nonzero for
+// NaN) from the decode table's float: exact, the float is an integer times 2^-9/2^-10.
+__device__ __forceinline__ u32 limb_entry(float f, int fnuz) {
+    if (f != f) return 0xFF000000u;
+    const int v = (int)(f * (fnuz ? 1024.0f : 512.0f));
+    const int m = v < 0 ? -v : v;
+    int l0 = m & 127, l1 = (m >> 7) & 127, l2 = m >> 14;
+    if (v < 0) { l0 = -l0; l1 = -l1; l2 = -l2; }
+    return (u32)(l0 & 0xFF) | ((u32)(l1 & 0xFF) << 8) | ((u32)(l2 & 0xFF) << 16);
+}
+
+// Four codes (one 32-bit word) to their limbs: l[j] holds limb j of the four codes,
+// byte e for code e, the order an MMA fragment register takes. Returns the NaN flags.
+__device__ __forceinline__ u32 split_limbs(const u32* ltab, u32 w, u32* l) {
+    const u32 e0 = ltab[w & 0xFF], e1 = ltab[(w >> 8) & 0xFF], e2 = ltab[(w >> 16) & 0xFF], e3 = ltab[w >> 24];
+    const u32 a = __byte_perm(e0, e1, 0x5140), b = __byte_perm(e2, e3, 0x5140);  // l0 l0' l1 l1'
+    const u32 c = __byte_perm(e0, e1, 0x7362), d = __byte_perm(e2, e3, 0x7362);  // l2 l2' nan nan'
+    l[0] = __byte_perm(a, b, 0x5410);
+    l[1] = __byte_perm(a, b, 0x7632);
+    l[2] = __byte_perm(c, d, 0x5410);
+    return (e0 | e1 | e2 | e3) >> 24;
+}
+
+// (T234 * 2^14 + T01) * unit as a double, exactly: the integer is below 2^44, so it sits
+// in the mantissa of 1.5 * 2^52 + t, and unit is a power of two.
+__device__ __forceinline__ double exact_dot(int t01, int t234, double unit) {
+    const i64 t = ((i64)t234 << 14) + (i64)t01;
+    return __dmul_rn(__dsub_rn(__longlong_as_double(t + 0x4338000000000000LL), 6755399441055744.0), unit);
+}
+#endif
+
 #if DW
 // m16n8k16 (sm_90+): A rows g (a[0,2,4,6]) and g+8 (a[1,3,5,7]) at k = t4 + 4j for
 // a[2j], a[2j+1] and b[j]; C rows g (c0, c1) and g+8 (c2, c3), columns 2*t4 + {0, 1}.
@@ -157,7 +229,14 @@ extern "C" __global__ void __launch_bounds__(OWARPS * 32, OMINB) reference_f64(c
     double* stage = wd + nr * H;                   // OWARPS * (1 + PIPE) * WT tokens * SROW
     qelem* qf = (qelem*)(stage + OWARPS * (1 + PIPE) * WT * SROW);  // nr * H rows of QRS (permuted)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
+#if IMMA
+    u32* ltab = (u32*)tab;  // 256 limb entries in the decode table's place
+    for (int k = threadIdx.x; k < 256; k += blockDim.x) ltab[k] = limb_entry(p.decode[(p.fnuz ? 256 : 0) + k], p.fnuz);
+    const double unit = p.fnuz ? 1.0 / 1048576.0 : 1.0 / 262144.0;
+    u8* qb = (u8*)qf;
+#else
     for (int k = threadIdx.x; k < 256; k += blockDim.x) tab[k] = (double)p.decode[(p.fnuz ? 256 : 0) + k];
+#endif
     for (int b = blockIdx.y; b < p.batch; b += gridDim.y) {
         const int stok = seq_tokens(p, b);
         if ((int)blockIdx.x * OTOK >= stok) continue;  // uniform: no chunk of this sequence here
@@ -168,6 +247,20 @@ extern "C" __global__ void __launch_bounds__(OWARPS * 32, OMINB) reference_f64(c
             // segment), several loads in flight: a byte-wise loop waited out one global
             // latency per code, which made short chunks per CTA expensive.
             const u8* qsrc = p.q + ((u64)(b * p.next_n + i0) * H) * DD;
+#if IMMA
+            // Weights first: a NaN query below overwrites its head's weight with NaN.
+            for (int e = threadIdx.x; e < rows_here * H; e += blockDim.x) wd[e] = (double)p.weights[(u64)(b * p.next_n + i0) * H + e];
+            __syncthreads();
+#pragma unroll 4
+            for (int e = threadIdx.x * 4; e < rows_here * H * DD; e += blockDim.x * 4) {
+                const int row = e / DD, d = e % DD;  // row = ii*H + h
+                u32 l[3];
+                if (split_limbs(ltab, *(const u32*)(qsrc + e), l)) wd[row] = __longlong_as_double(0x7ff8000000000000LL);
+                u8* dst = qb + row * QRSB + d;  // limb j of dim d at j*DD + d
+#pragma unroll
+                for (int j = 0; j < 3; j++) *(u32*)(dst + j * DD) = l[j];
+            }
+#else
 #pragma unroll 4
             for (int e = threadIdx.x * 4; e < rows_here * H * DD; e += blockDim.x * 4) {
                 const u32 w = *(const u32*)(qsrc + e);
@@ -184,8 +277,43 @@ extern "C" __global__ void __launch_bounds__(OWARPS * 32, OMINB) reference_f64(c
                 }
             }
             for (int e = threadIdx.x; e < rows_here * H; e += blockDim.x) wd[e] = (double)p.weights[(u64)(b * p.next_n + i0) * H + e];
+#endif
             __syncthreads();
             for (int c = blockIdx.x; c * OTOK < stok; c += gridDim.x) {
+#if IMMA
+                // Keys of this warp's WT tokens as limbs: kb[n][s][j] is B fragment of
+                // limb j, k-step s, n-tile n. my_nan: the key of this lane's token (the
+                // head sum's) has a NaN code; ballots gather it from the four lanes
+                // holding that token's dims.
+                u32 kb[ONT][KPT / 8][3][2];
+                bool my_nan = false;
+#pragma unroll
+                for (int n = 0; n < ONT; n++) {
+                    const int tok = c * OTOK + warp * WT + n * 8 + g;
+                    u32 nan = 0;
+                    if (tok < stok) {
+                        const int id = p.table[(i64)b * p.table_stride + tok / p.block_size];
+                        const int slot = tok % p.block_size;
+                        const u8* blk = p.kv + (u64)((i64)id * (i64)p.kv_stride);
+#pragma unroll
+                        for (int s = 0; s < KPT / 8; s++)
+#pragma unroll
+                            for (int h2 = 0; h2 < 2; h2++) {
+                                u32 l[3];
+                                nan |= split_limbs(ltab, *(const u32*)(blk + value_offset(p.layout, DD, slot, t4 * KPT + 8 * s + 4 * h2)), l);
+#pragma unroll
+                                for (int j = 0; j < 3; j++) kb[n][s][j][h2] = l[j];
+                            }
+                    } else {
+#pragma unroll
+                        for (int s = 0; s < KPT / 8; s++)
+#pragma unroll
+                            for (int j = 0; j < 3; j++) { kb[n][s][j][0] = 0; kb[n][s][j][1] = 0; }
+                    }
+                    const u32 bal = __ballot_sync(0xffffffffu, nan != 0);
+                    if ((lane >> 3) == n) my_nan = ((bal >> ((lane & 7) * 4)) & 0xF) != 0;
+                }
+#else
                 // Keys of this warp's WT tokens, decoded to f64.
                 kelem kd[ONT][KPT];
 #pragma unroll
@@ -206,6 +334,7 @@ extern "C" __global__ void __launch_bounds__(OWARPS * 32, OMINB) reference_f64(c
                         for (int s = 0; s < KPT; s++) kd[n][s] = KSTORE(0.0);
                     }
                 }
+#endif
                 // Lanes 0..WT-1 of each warp own one token each for the combine.
                 const int my_tok = c * OTOK + warp * WT + lane;
                 double my_scale = 0.0;
@@ -236,6 +365,45 @@ extern "C" __global__ void __launch_bounds__(OWARPS * 32, OMINB) reference_f64(c
                     };
                     double* st0 = stage + warp * (1 + PIPE) * WT * SROW;
                     for (int mt = 0; mt < H / 8; mt += MTG) {
+#if IMMA
+                        // acc[i + j][n]: sum of limb-i queries times limb-j keys.
+                        int acc[5][ONT][4];
+#pragma unroll
+                        for (int i = 0; i < 5; i++)
+#pragma unroll
+                            for (int n = 0; n < ONT; n++) acc[i][n][0] = acc[i][n][1] = acc[i][n][2] = acc[i][n][3] = 0;
+                        const u8* qrow = qb + (ii * H + mt * 8 + g) * QRSB + t4 * KPT;
+#pragma unroll
+                        for (int s = 0; s < KPT / 8; s++) {
+                            u32 a[3][4];
+#pragma unroll
+                            for (int i = 0; i < 3; i++) {
+                                const uint2 lo = *(const uint2*)(qrow + i * DD + 8 * s);
+                                const uint2 hi = *(const uint2*)(qrow + 8 * QRSB + i * DD + 8 * s);
+                                a[i][0] = lo.x; a[i][1] = hi.x; a[i][2] = lo.y; a[i][3] = hi.y;
+                            }
+#pragma unroll
+                            for (int n = 0; n < ONT; n++)
+#pragma unroll
+                                for (int i = 0; i < 3; i++)
+#pragma unroll
+                                    for (int j = 0; j < 3; j++) imma(acc[i + j][n], a[i], kb[n][s][j]);
+                        }
+                        double* st = st0;
+                        // acc[.][n][x]: head mt*8 + g (x = 0, 1) or + 8 (x = 2, 3), token
+                        // n*8 + 2*t4 + (x & 1).
+#pragma unroll
+                        for (int n = 0; n < ONT; n++)
+#pragma unroll
+                            for (int x = 0; x < 4; x++) {
+                                const int t01 = acc[0][n][x] + acc[1][n][x] * 128;
+                                const int t234 = acc[2][n][x] + acc[3][n][x] * 128 + acc[4][n][x] * 16384;
+                                st[(n * 8 + 2 * t4 + (x & 1)) * SROW + (x >> 1) * 8 + g] = exact_dot(t01, t234, unit);
+                            }
+                        __syncwarp();
+                        combine(st, mt);
+                        __syncwarp();
+#else
                         double acc[MTG][ONT][2];
 #pragma unroll
                         for (int u = 0; u < MTG; u++)
@@ -305,6 +473,7 @@ extern "C" __global__ void __launch_bounds__(OWARPS * 32, OMINB) reference_f64(c
                         combine(st, mt);
                         __syncwarp();
 #endif
+#endif
                     }
 #if PIPE
                     {
@@ -312,6 +481,9 @@ extern "C" __global__ void __launch_bounds__(OWARPS * 32, OMINB) reference_f64(c
                         combine(st0 + ((last / MTG) & 1) * WT * SROW, last);
                         __syncwarp();
                     }
+#endif
+#if IMMA
+                    if (my_nan) v = m = __longlong_as_double(0x7ff8000000000000LL);
 #endif
                     if (lane < WT && my_tok < len) {
                         const u64 o = row_off[r] + my_tok;

@@ -61,6 +61,11 @@ pub struct ReferenceTuning {
     /// Staged dots padded by one double per token, so the head sum's shared loads are
     /// free of bank conflicts.
     pub padded_stage: bool,
+    /// The dots on the integer tensor cores (sm_80 and newer): each fp8 value as three
+    /// signed 7-bit limbs of its integer, nine m16n8k32 s8 MMAs per 32 dimensions, the
+    /// partial sums combined exactly (kernels/reference.cu, "Integer dots"). Takes two
+    /// head tiles, D a multiple of 32 up to 128.
+    pub int_mma: bool,
 }
 
 impl ReferenceTuning {
@@ -76,15 +81,20 @@ impl ReferenceTuning {
         .hi_keys()
         .padded()
         .token_tiles(4);
+    /// Integer-limb dots (sm_80 and newer, D a multiple of 32 up to 128): 32 tokens per
+    /// warp, two CTAs per SM, padded stage.
+    pub const INT8: ReferenceTuning = ReferenceTuning::int8(2, 4);
     /// The default before sm_90 (m8n8k4 only): high words, padded stage, float4 loads.
     pub const NARROW: ReferenceTuning = ReferenceTuning::VECTOR.hi_words().hi_keys().padded();
 
-    /// Fastest first, as measured on the H200 (BENCHMARKS.md, "Session 3"):
-    /// [`Self::WIDE`] takes the production case from 3.22 ms ([`Self::VECTOR`], the old
-    /// default) to 1.65 ms and the two small cases from 0.098/0.129 ms to 0.044/0.074 ms;
-    /// [`Self::NARROW`] (2.51 ms) is the best without m16n8k16; the plain kernel takes
-    /// every other shape.
-    pub const PREFERRED: [ReferenceTuning; 4] = [
+    /// Fastest first, as measured on the H200 (BENCHMARKS.md, "Session 3" and
+    /// "Session 17"): [`Self::INT8`] takes the production case from 1.649 ms
+    /// ([`Self::WIDE`], the f64 MMAs at ~62% of the FP64 tensor peak) to 1.258 ms and the
+    /// two small cases from 0.044/0.073 ms to 0.036/0.059 ms; [`Self::WIDE`] had taken
+    /// it from 3.22 ms ([`Self::VECTOR`]); [`Self::NARROW`] (2.51 ms) is the best
+    /// without an integer or m16n8k16 MMA; the plain kernel takes every other shape.
+    pub const PREFERRED: [ReferenceTuning; 5] = [
+        ReferenceTuning::INT8,
         ReferenceTuning::WIDE,
         ReferenceTuning::NARROW,
         ReferenceTuning::VECTOR,
@@ -95,7 +105,7 @@ impl ReferenceTuning {
     /// CPU: the defaults, and the variants that show what each define is worth (every
     /// code path of `reference.cu` is in at least one). Earlier measured variants are in
     /// BENCHMARKS.md.
-    pub const ALL: [ReferenceTuning; 14] = [
+    pub const ALL: [ReferenceTuning; 17] = [
         ReferenceTuning::PLAIN,
         ReferenceTuning::new(true, 1, 3, false, false),
         ReferenceTuning::new(false, 2, 3, false, false),
@@ -110,6 +120,9 @@ impl ReferenceTuning {
         ReferenceTuning::WIDE,
         ReferenceTuning::WIDE.pipelined(),
         ReferenceTuning::WIDE.chunks(4),
+        ReferenceTuning::INT8,
+        ReferenceTuning::int8(3, 2),
+        ReferenceTuning::int8(4, 2),
     ];
 
     const fn new(
@@ -131,6 +144,18 @@ impl ReferenceTuning {
             wide_mma: false,
             token_tiles: 2,
             padded_stage: false,
+            int_mma: false,
+        }
+    }
+
+    /// Integer-limb dots, `ctas_per_sm` CTAs per SM, `token_tiles` n-tiles per warp,
+    /// padded stage.
+    const fn int8(ctas_per_sm: usize, token_tiles: usize) -> Self {
+        ReferenceTuning {
+            int_mma: true,
+            ..ReferenceTuning::new(false, 2, ctas_per_sm, false, false)
+                .padded()
+                .token_tiles(token_tiles)
         }
     }
 
@@ -186,7 +211,7 @@ impl ReferenceTuning {
 
     /// Whether a GPU of compute capability `major`.x has the instructions it uses.
     pub fn runs_on(self, major: u32) -> bool {
-        !self.wide_mma || major >= 9
+        (!self.wide_mma || major >= 9) && (!self.int_mma || major >= 8)
     }
 
     /// Tokens one CTA (4 warps) takes per chunk.
@@ -214,6 +239,10 @@ impl ReferenceTuning {
 
     /// Bytes of shared memory one next_n row of queries (and its weights) takes.
     fn row_bytes(self, shape: &Shape) -> usize {
+        if self.int_mma {
+            // Three limb bytes per dimension and 8 bytes of padding (QRSB), the weight.
+            return shape.heads * (3 * shape.head_dim + 8) + shape.heads * 8;
+        }
         let q = if self.f64_queries { 8 } else { 4 };
         let row = shape.head_dim + if self.vector_loads { 16 } else { 4 };
         shape.heads * row * q + shape.heads * 8
@@ -232,17 +261,34 @@ impl ReferenceTuning {
                 && matches!(shape.head_dim, 64 | 128));
         let wide_ok = !self.wide_mma || (self.vector_loads && self.head_tiles == 2);
         let queries_ok = !(self.f64_queries && self.hi_word_queries);
+        let int_ok = !self.int_mma
+            || (self.head_tiles == 2
+                && !(self.f64_queries
+                    || self.hi_word_queries
+                    || self.hi_word_keys
+                    || self.vector_loads
+                    || self.wide_mma
+                    || self.pipelined)
+                && shape.head_dim.is_multiple_of(32)
+                && shape.head_dim <= 128);
         vector_ok
             && wide_ok
             && queries_ok
+            && int_ok
             && shape.heads.is_multiple_of(8 * self.head_tiles)
             && self.fixed_bytes() + self.row_bytes(shape) <= self.smem_budget()
     }
 
     pub fn label(self) -> String {
         format!(
-            "{} queries, {} head tile{}, {} CTAs/SM{}{}{}{}{}{}{}",
-            if self.f64_queries { "f64" } else { "f32" },
+            "{} queries, {} head tile{}, {} CTAs/SM{}{}{}{}{}{}{}{}",
+            if self.int_mma {
+                "limb"
+            } else if self.f64_queries {
+                "f64"
+            } else {
+                "f32"
+            },
             self.head_tiles,
             if self.head_tiles == 1 { "" } else { "s" },
             self.ctas_per_sm,
@@ -259,6 +305,11 @@ impl ReferenceTuning {
                 (false, false) => "",
             },
             if self.wide_mma { ", m16n8k16" } else { "" },
+            if self.int_mma {
+                ", int8 limbs (m16n8k32 s8)"
+            } else {
+                ""
+            },
             if self.token_tiles == 2 {
                 String::new()
             } else {
@@ -290,6 +341,7 @@ impl ReferenceTuning {
             ("DW".into(), (self.wide_mma as u8).to_string()),
             ("ONT".into(), self.token_tiles.to_string()),
             ("SPAD".into(), (self.padded_stage as u8).to_string()),
+            ("IMMA".into(), (self.int_mma as u8).to_string()),
         ]
     }
 }
@@ -553,19 +605,26 @@ mod tests {
     /// a tuning that fits and runs on the device.
     #[test]
     fn default_tuning_fits_and_runs() {
-        let (wide, narrow) = (ReferenceTuning::WIDE, ReferenceTuning::NARROW);
-        assert_eq!(ReferenceTuning::for_shape(&shape(64, 128, 2), 9), wide);
-        assert_eq!(ReferenceTuning::for_shape(&shape(64, 128, 2), 8), narrow);
-        assert_eq!(ReferenceTuning::for_shape(&shape(128, 128, 4), 9), wide);
-        // A row of 128 heads of queries takes more than a third of the SM.
+        let (int8, narrow) = (ReferenceTuning::INT8, ReferenceTuning::NARROW);
+        assert_eq!(ReferenceTuning::for_shape(&shape(64, 128, 2), 9), int8);
+        assert_eq!(ReferenceTuning::for_shape(&shape(64, 128, 2), 8), int8);
+        assert_eq!(ReferenceTuning::for_shape(&shape(64, 128, 2), 7), narrow);
+        assert_eq!(ReferenceTuning::for_shape(&shape(128, 128, 4), 9), int8);
+        // D 16 is not a multiple of the integer MMA's 32, nor one for 128-bit loads.
         assert_eq!(
-            ReferenceTuning::for_shape(&shape(128, 128, 4), 8),
+            ReferenceTuning::for_shape(&shape(64, 16, 1), 9),
+            ReferenceTuning::PLAIN
+        );
+        // A row of 128 heads of f32 queries takes more than a third of the SM.
+        assert_eq!(
+            ReferenceTuning::for_shape(&shape(128, 128, 4), 7),
             ReferenceTuning::PLAIN
         );
         // 8 heads: no 16-head tile; D 96: no 128-bit query loads.
         assert_eq!(ReferenceTuning::for_shape(&shape(8, 128, 1), 9), narrow);
+        assert_eq!(ReferenceTuning::for_shape(&shape(64, 96, 1), 9), int8);
         assert_eq!(
-            ReferenceTuning::for_shape(&shape(64, 96, 1), 9),
+            ReferenceTuning::for_shape(&shape(64, 96, 1), 7),
             ReferenceTuning::PLAIN
         );
         for heads in [8, 16, 24, 32, 64, 128] {
@@ -573,13 +632,81 @@ mod tests {
                 for next_n in 1..=5 {
                     let s = shape(heads, head_dim, next_n);
                     assert!(rejects_shape(&s).is_none());
-                    for major in [8, 9, 10] {
+                    for major in [7, 8, 9, 10] {
                         let t = ReferenceTuning::for_shape(&s, major);
                         assert!(t.fits(&s) && t.runs_on(major), "{s:?} on {major}: {t:?}");
                     }
                 }
             }
         }
+    }
+
+    /// The integer-limb dots (`IMMA=1`, kernels/reference.cu) as the kernel does them,
+    /// restated: every fp8 code of both formats splits into limbs that give back its
+    /// integer exactly, and the worst case at D = 128 (every product at the largest
+    /// limbs) overflows neither an MMA accumulator nor the combined T01/T234, and the
+    /// combined integer stays below 2^51 (the exact int-to-double step).
+    #[test]
+    fn integer_limb_dots_are_exact_and_cannot_overflow() {
+        let mut max = [0i64; 3];
+        for format in Fp8Format::ALL {
+            let unit = if format == Fp8Format::E4m3fnuz {
+                1024.0
+            } else {
+                512.0
+            };
+            for code in 0..=255u8 {
+                let f = format.decode(code);
+                if f.is_nan() {
+                    continue;
+                }
+                let v = f * unit;
+                assert_eq!(
+                    v,
+                    v.trunc(),
+                    "{format:?} {code:#x}: not an integer times 2^-9/2^-10"
+                );
+                let v = v as i64;
+                let m = v.abs();
+                let sign = v.signum();
+                let limbs = [sign * (m & 127), sign * ((m >> 7) & 127), sign * (m >> 14)];
+                assert_eq!(
+                    limbs[0] + limbs[1] * 128 + limbs[2] * 16384,
+                    v,
+                    "{format:?} {code:#x}"
+                );
+                for (j, l) in limbs.iter().enumerate() {
+                    assert!(
+                        l.abs() <= 127,
+                        "{format:?} {code:#x}: limb {j} is not an int8"
+                    );
+                    max[j] = max[j].max(l.abs());
+                }
+            }
+        }
+        assert!(max[2] <= 15, "top limb {}", max[2]);
+        let d = 128i64;
+        let p = |i: usize, j: usize| max[i] * max[j] * d;
+        let s = [
+            p(0, 0),
+            p(0, 1) + p(1, 0),
+            p(0, 2) + p(1, 1) + p(2, 0),
+            p(1, 2) + p(2, 1),
+            p(2, 2),
+        ];
+        for (k, v) in s.iter().enumerate() {
+            assert!(*v <= i32::MAX as i64, "S{k} = {v}");
+        }
+        let t01 = s[0] + s[1] * 128;
+        let t234 = s[2] + s[3] * 128 + s[4] * 16384;
+        assert!(
+            t01 <= i32::MAX as i64 && t234 <= i32::MAX as i64,
+            "{t01} {t234}"
+        );
+        assert!(t234 * 16384 + t01 < 1 << 51);
+        // And the integer dot is the exact one: max * max * D within 2^44.
+        let vmax = max[0] + max[1] * 128 + max[2] * 16384;
+        assert!(vmax * vmax * d < 1 << 44);
     }
 
     #[test]
