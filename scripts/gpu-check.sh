@@ -19,7 +19,8 @@
 #                                        binary, for a before/after), the real DeepGEMM 2.8.2
 # deepgemm    ~2 min build + ~3 min      DeepGEMM 2.8.2 built from its PyPI sdist; tests/exec_gpu.rs on
 #                                        deepgemm and torch (KERNELS to change); replay of DIR/cases/*.json
-# campaigns   ~25 min, 1-2 GPUs          with 2 GPUs, 1-vs-2-GPU scaling (60 s each); `bench gpu` (and
+# campaigns   ~25 min, 1-2 GPUs          with 2 GPUs, 1-vs-2-GPU scaling (60 s each); `bench gpu` (with
+#                                        the int8 and f64 tensor-core peaks when nvcc is installed, and
 #                                        Nsight Compute on the reference kernel when ncu is installed);
 #                                        then in parallel: cuda:tiled 10 min and cuda:naive 5 min on
 #                                        --profile all, gpu-selfcheck, `selftest --backend cuda`, DeepGEMM
@@ -84,7 +85,7 @@ if [ "${1:-}" = "--stage" ]; then
     done
     [ -n "${OLD_BIN:-}" ] && strip -o "$dest/mqa-fuzz-old" "$OLD_BIN"
     cp "$0" "$dest/gpu-check.sh"
-    mkdir -p "$dest/gpu" && cp "$here"/gpu/*.sh "$here"/gpu/*.py "$dest/gpu/"
+    mkdir -p "$dest/gpu" && cp "$here"/gpu/*.sh "$here"/gpu/*.py "$here"/gpu/*.cu "$dest/gpu/"
     rm -rf "$dest/external" && cp -r "$root/kernels/external" "$dest/external"
     mkdir -p "$dest/dg"
     if [ ! -d "$dest/dg/x/usr/include/elfutils" ]; then
@@ -162,11 +163,17 @@ deepgemm_env() {
     export PYTHONPATH=$site LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libstdc++.so.6
 }
 
-# `bench gpu`, and where the reference kernel's time goes (Nsight Compute, one launch).
+# `bench gpu`, the tensor-core ceilings it is held to (scripts/gpu/mma_peak.cu, where nvcc
+# is), and where the reference kernel's time goes (Nsight Compute, one launch).
 bench() {
     echo "[$(stamp)] bench gpu"
     CUDA_VISIBLE_DEVICES=0 "$B" bench gpu 2>&1 | tee "$W/logs/bench-gpu.log"
     echo "[$(stamp)] bench gpu exit ${PIPESTATUS[0]}"
+    local nvcc
+    nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+    if [ -n "$nvcc" ] && "$nvcc" -arch=sm_90a -O3 "$gdir/mma_peak.cu" -o "$W/mma_peak"; then
+        CUDA_VISIBLE_DEVICES=0 "$W/mma_peak" 2>&1 | tee "$W/logs/mma-peak.log"
+    fi
     local ncu
     ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
     [ -n "$ncu" ] || return 0
