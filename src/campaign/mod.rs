@@ -229,6 +229,7 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
     report.coverage = tally.coverage;
     report.timings = tally.timings;
     report.shrinking = allowance.summary;
+    report.shrinking.longest_run_secs = allowance.run_cost.longest().as_secs_f64();
     report.shrinking.known_from_corpus = book.known_from_corpus;
     let detections = book.detections.clone();
     report.findings = book.into_findings();

@@ -164,7 +164,7 @@ pub(super) fn simplify(
     if f.run_secs > 0.0 {
         ctx.allowance
             .run_cost
-            .record(&f.case, Duration::from_secs_f64(f.run_secs));
+            .calibrate(&f.case, Duration::from_secs_f64(f.run_secs));
     }
     let shrunk = match f.origin {
         Some(origin) if !budget.is_zero() => shrink(

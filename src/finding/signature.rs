@@ -158,6 +158,8 @@ const CONTROL_RUNS: u32 = 2;
 #[derive(Clone, Copy, Debug, Default)]
 pub struct RunCost {
     secs_per_work: f64,
+    /// The longest run recorded (what a cap can be overrun by, at most, per job).
+    longest_secs: f64,
 }
 
 impl RunCost {
@@ -170,9 +172,21 @@ impl RunCost {
             + 1.0
     }
 
-    /// The time judging `c` took.
+    /// The time a shrink or ablation run judging `c` took.
     pub fn record(&mut self, c: &Case, took: Duration) {
+        self.calibrate(c, took);
+        self.longest_secs = self.longest_secs.max(took.as_secs_f64());
+    }
+
+    /// The time judging `c` took outside shrinking (the failing case's own run): a
+    /// guide for the next guess, not a run of its own.
+    pub fn calibrate(&mut self, c: &Case, took: Duration) {
         self.secs_per_work = took.as_secs_f64() / Self::work(c);
+    }
+
+    /// The longest shrink or ablation run recorded.
+    pub fn longest(&self) -> Duration {
+        Duration::from_secs_f64(self.longest_secs)
     }
 
     /// The time judging `c` should take.

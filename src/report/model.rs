@@ -456,6 +456,10 @@ pub struct Shrinking {
     /// Failures filed to a finding a corpus file holds shrunk (its saved signature, not
     /// replayed in this campaign), without shrinking them.
     pub known_from_corpus: u64,
+    /// The longest single shrink or ablation run: a run is not started when it is
+    /// expected to end past a cap, so a cap is overrun by at most about this much per
+    /// job (when a run takes longer than its guess). Merged: the largest.
+    pub longest_run_secs: f64,
 }
 
 impl Shrinking {
@@ -468,6 +472,7 @@ impl Shrinking {
         add(&mut self.cut_short_share, b.cut_short_share);
         add(&mut self.cut_short_budget_end, b.cut_short_budget_end);
         add(&mut self.known_from_corpus, b.known_from_corpus);
+        self.longest_run_secs = self.longest_run_secs.max(b.longest_run_secs);
     }
 }
 
