@@ -17,7 +17,7 @@
 // t*D/4 .. t*D/4 + D/4 - 1 (k-step s -> dim t*D/4 + s); the queries are stored
 // permuted (s*4 + t, rows padded to D+4) so the loads are conflict-free.
 //
-// Tuning defines, chosen per shape and device by the host (src/kernel/cuda/reference.rs;
+// Tuning defines, chosen per shape and device by the host (src/kernel/cuda/reference_tuning.rs;
 // `bench gpu` times them, BENCHMARKS.md has the numbers). None changes a bit of the
 // result: the dots are exact and the head sum keeps the order 0..H-1.
 //   DW=1    the m16n8k16 f64 MMA of sm_90 (16 heads x 8 tokens x 16 dims per

@@ -25,6 +25,7 @@ pub mod kernels;
 pub mod memory;
 pub mod pool;
 pub mod reference;
+pub mod reference_tuning;
 pub mod sys;
 
 use super::{Kernel, KernelEntry, OpenError};
