@@ -45,7 +45,7 @@ pub struct ReferenceTuning {
     /// The dots on the integer tensor cores (sm_80 and newer): each fp8 value as three
     /// signed 7-bit limbs of its integer, nine m16n8k32 s8 MMAs per 32 dimensions, the
     /// partial sums combined exactly (kernels/reference.cu, "Integer dots"). Takes two
-    /// head tiles, D a multiple of 32 up to 128.
+    /// head tiles, D 64 or 128.
     pub int_mma: bool,
 }
 
@@ -62,8 +62,8 @@ impl ReferenceTuning {
         .hi_keys()
         .padded()
         .token_tiles(4);
-    /// Integer-limb dots (sm_80 and newer, D a multiple of 32 up to 128): 32 tokens per
-    /// warp, two CTAs per SM, padded stage.
+    /// Integer-limb dots (sm_80 and newer, D 64 or 128): 32 tokens per warp, two CTAs
+    /// per SM, padded stage.
     pub const INT8: ReferenceTuning = ReferenceTuning::int8(2, 4);
     /// The default before sm_90 (m8n8k4 only): high words, padded stage, float4 loads.
     pub const NARROW: ReferenceTuning = ReferenceTuning::VECTOR.hi_words().hi_keys().padded();
@@ -250,8 +250,10 @@ impl ReferenceTuning {
                     || self.vector_loads
                     || self.wide_mma
                     || self.pipelined)
-                && shape.head_dim.is_multiple_of(32)
-                && shape.head_dim <= 128);
+                // The kernel takes D a multiple of 32 up to 128; 64 and 128 are the
+                // dims gpu-selfcheck's random cases have proved on a GPU (32 and 96,
+                // one and three k-steps of the same code, have not run on one).
+                && matches!(shape.head_dim, 64 | 128));
         vector_ok
             && wide_ok
             && queries_ok
@@ -366,7 +368,11 @@ mod tests {
         );
         // 8 heads: no 16-head tile; D 96: no 128-bit query loads.
         assert_eq!(ReferenceTuning::for_shape(&shape(8, 128, 1), 9), narrow);
-        assert_eq!(ReferenceTuning::for_shape(&shape(64, 96, 1), 9), int8);
+        // D 96: not yet proved on a GPU on the integer path.
+        assert_eq!(
+            ReferenceTuning::for_shape(&shape(64, 96, 1), 9),
+            ReferenceTuning::PLAIN
+        );
         assert_eq!(
             ReferenceTuning::for_shape(&shape(64, 96, 1), 7),
             ReferenceTuning::PLAIN
