@@ -165,31 +165,47 @@ fn the_region_layout_fits_the_tensors_written() {
     }
 }
 
+/// `c`'s inputs as a worker drawing `draws` gets them from `ints` (each tensor list
+/// passed through `edit`), written into a real shared region; the request, carrying
+/// `tail` as its padding rule, through its JSON line; the case read back from the region.
+fn read_through_region<'a>(
+    c: &'a Case,
+    draws: WorkerDraws,
+    ints: &'a WireInts,
+    tail: Option<TailRule>,
+    edit: impl FnOnce(&mut Vec<(&'static str, Vec<usize>, Data<'a>)>),
+) -> Result<Case, String> {
+    use crate::kernel::exec::shm::{SharedRegion, ShmReader};
+    let mut region = SharedRegion::create("mqa-fuzz-test").unwrap();
+    let layout = region_layout(c, draws, region.path().to_string());
+    region.ensure(layout.bytes).unwrap();
+    let mut tensors = wire_inputs(c, ints);
+    edit(&mut tensors);
+    region.write(&layout, &tensors);
+    let mut req = RunRequest::new(1, c, Transport::Shm(layout.clone()));
+    req.kv_values = ints.drawn();
+    req.block_table_tail = tail;
+    let line = serde_json::to_string(&req).unwrap();
+    let req: RunRequest = serde_json::from_str(&line).unwrap();
+    let mut src = ShmReader {
+        region: &region,
+        layout: &layout,
+    };
+    read_inputs(&req, &mut src, "region")
+}
+
 /// A table sent as each row's used entries and the padding rule reads back as the same
 /// table (compact on the worker, whole after `expand`), through a real shared region;
 /// one whose entries were edited after generation travels whole.
 #[test]
 fn a_table_sent_as_its_tail_rule_reads_back_as_the_table() {
-    use crate::kernel::exec::shm::{SharedRegion, ShmReader};
     let mut edited = case();
     edited.block_table.entries[edited.block_table.row_stride - 1] ^= 1;
     for (c, compact) in [(case(), true), (edited, false)] {
         let ints = WireInts::with(&c, WorkerDraws::ALL);
         assert_eq!(ints.table_tail().is_some(), compact);
-        let mut region = SharedRegion::create("mqa-fuzz-test").unwrap();
-        let layout = region_layout(&c, WorkerDraws::ALL, region.path().to_string());
-        region.ensure(layout.bytes).unwrap();
-        region.write(&layout, &wire_inputs(&c, &ints));
-        let mut req = RunRequest::new(1, &c, Transport::Shm(layout.clone()));
-        req.kv_values = ints.drawn();
-        req.block_table_tail = ints.table_tail();
-        let line = serde_json::to_string(&req).unwrap();
-        let req: RunRequest = serde_json::from_str(&line).unwrap();
-        let mut src = ShmReader {
-            region: &region,
-            layout: &layout,
-        };
-        let mut back = read_inputs(&req, &mut src, "region").unwrap();
+        let mut back =
+            read_through_region(&c, WorkerDraws::ALL, &ints, ints.table_tail(), |_| {}).unwrap();
         assert_eq!(back.block_table.is_compact(), compact);
         if compact {
             let held: usize = (0..c.shape.batch).map(|b| c.blocks_used(b)).sum();
@@ -207,7 +223,6 @@ fn a_table_sent_as_its_tail_rule_reads_back_as_the_table() {
 /// both read back as the same table.
 #[test]
 fn a_compact_table_travels_to_either_worker() {
-    use crate::kernel::exec::shm::{SharedRegion, ShmReader};
     let c = Recipe::small(vec![40, 7], 1, 9)
         .with(|k| k.surplus_blocks = crate::generate::recipe::COMPACT_TABLE_PADDING / 2)
         .materialize();
@@ -215,18 +230,7 @@ fn a_compact_table_travels_to_either_worker() {
     for draws in [WorkerDraws::ALL, WorkerDraws::NONE] {
         let ints = WireInts::with(&c, draws);
         assert_eq!(ints.table_tail().is_some(), draws.table_tails);
-        let mut region = SharedRegion::create("mqa-fuzz-test").unwrap();
-        let layout = region_layout(&c, draws, region.path().to_string());
-        region.ensure(layout.bytes).unwrap();
-        region.write(&layout, &wire_inputs(&c, &ints));
-        let mut req = RunRequest::new(1, &c, Transport::Shm(layout.clone()));
-        req.kv_values = ints.drawn();
-        req.block_table_tail = ints.table_tail();
-        let mut src = ShmReader {
-            region: &region,
-            layout: &layout,
-        };
-        let back = read_inputs(&req, &mut src, "region").unwrap();
+        let back = read_through_region(&c, draws, &ints, ints.table_tail(), |_| {}).unwrap();
         assert_eq!(back.block_table.is_compact(), draws.table_tails);
         assert_eq!(back.block_table, c.block_table);
     }
@@ -236,7 +240,6 @@ fn a_compact_table_travels_to_either_worker() {
 /// `block_table` entries or are missing is refused with a message naming the tensor.
 #[test]
 fn bad_held_counts_are_refused_naming_the_tensor() {
-    use crate::kernel::exec::shm::{SharedRegion, ShmReader};
     let c = case();
     let ints = WireInts::with(&c, WorkerDraws::ALL);
     let held: Vec<i32> = (0..c.shape.batch)
@@ -250,39 +253,18 @@ fn bad_held_counts_are_refused_naming_the_tensor() {
             vec![c.block_table.row_stride as i32 + 1; held.len()],
         ),
     ];
-    for (what, bad) in edits {
-        let mut region = SharedRegion::create("mqa-fuzz-test").unwrap();
-        let layout = region_layout(&c, WorkerDraws::ALL, region.path().to_string());
-        region.ensure(layout.bytes).unwrap();
-        let mut tensors = wire_inputs(&c, &ints);
-        for t in tensors.iter_mut().filter(|t| t.0 == "block_table_held") {
-            t.2 = Data::I32(&bad);
-        }
-        region.write(&layout, &tensors);
-        let mut req = RunRequest::new(1, &c, Transport::Shm(layout.clone()));
-        req.kv_values = ints.drawn();
-        req.block_table_tail = ints.table_tail();
-        let mut src = ShmReader {
-            region: &region,
-            layout: &layout,
-        };
-        let e = read_inputs(&req, &mut src, "region").unwrap_err();
+    for (what, bad) in &edits {
+        let e = read_through_region(&c, WorkerDraws::ALL, &ints, ints.table_tail(), |tensors| {
+            for t in tensors.iter_mut().filter(|t| t.0 == "block_table_held") {
+                t.2 = Data::I32(bad);
+            }
+        })
+        .unwrap_err();
         assert!(e.contains("block_table_held"), "{what}: {e}");
     }
     // A rule without the counts tensor (a layout for a whole-table worker).
-    let region_whole = region_layout(&c, WorkerDraws::NONE, "p".into());
-    let mut region = SharedRegion::create("mqa-fuzz-test").unwrap();
-    let mut layout = region_whole;
-    layout.path = region.path().to_string();
-    region.ensure(layout.bytes).unwrap();
     let whole = WireInts::with(&c, WorkerDraws::NONE);
-    region.write(&layout, &wire_inputs(&c, &whole));
-    let mut req = RunRequest::new(1, &c, Transport::Shm(layout.clone()));
-    req.block_table_tail = ints.table_tail();
-    let mut src = ShmReader {
-        region: &region,
-        layout: &layout,
-    };
-    let e = read_inputs(&req, &mut src, "region").unwrap_err();
+    let e =
+        read_through_region(&c, WorkerDraws::NONE, &whole, ints.table_tail(), |_| {}).unwrap_err();
     assert!(e.contains("block_table_held"), "{e}");
 }
