@@ -247,10 +247,9 @@ extern "C" __global__ void __launch_bounds__(OWARPS * 32, OMINB) reference_f64(c
             // segment), several loads in flight: a byte-wise loop waited out one global
             // latency per code, which made short chunks per CTA expensive.
             const u8* qsrc = p.q + ((u64)(b * p.next_n + i0) * H) * DD;
-#if IMMA
-            // Weights first: a NaN query below overwrites its head's weight with NaN.
             for (int e = threadIdx.x; e < rows_here * H; e += blockDim.x) wd[e] = (double)p.weights[(u64)(b * p.next_n + i0) * H + e];
-            __syncthreads();
+#if IMMA
+            __syncthreads();  // the weights first: a NaN query below sets its head's to NaN
 #pragma unroll 4
             for (int e = threadIdx.x * 4; e < rows_here * H * DD; e += blockDim.x * 4) {
                 const int row = e / DD, d = e % DD;  // row = ii*H + h
@@ -276,7 +275,6 @@ extern "C" __global__ void __launch_bounds__(OWARPS * 32, OMINB) reference_f64(c
 #endif
                 }
             }
-            for (int e = threadIdx.x; e < rows_here * H; e += blockDim.x) wd[e] = (double)p.weights[(u64)(b * p.next_n + i0) * H + e];
 #endif
             __syncthreads();
             for (int c = blockIdx.x; c * OTOK < stok; c += gridDim.x) {
