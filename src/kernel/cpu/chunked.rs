@@ -13,7 +13,6 @@ use crate::kernel::cpu::DeviceView;
 use crate::kernel::plant::Plant;
 use crate::kernel::{Capabilities, Kernel, OutputBuffer, RunError, RunInfo};
 use rayon::prelude::*;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 /// Tokens per chunk (DeepGEMM's split size; AITER's default ChunkK).
@@ -28,8 +27,16 @@ pub struct ChunkedKernel {
     /// Plain loop over V(r) instead of chunks and schedule.
     naive: bool,
     caps: Capabilities,
-    /// Runs so far (the nondeterministic plant's order follows it).
-    runs: AtomicU64,
+}
+
+thread_local! {
+    /// Runs of any chunked kernel made by this thread so far: the nondeterministic
+    /// plant's order follows it. Per thread, so that the two runs of a determinism
+    /// check (made back to back by one thread) always differ, even while other threads
+    /// (a campaign's workers, when the book shrinks on the main thread) run the same
+    /// kernel; a counter shared by all threads made a shrink step's check see two runs
+    /// of one parity now and then and reject a candidate that still failed.
+    static RUNS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 /// How one logit's head sum is ordered. The default (heads in order, one partial) is
@@ -61,7 +68,6 @@ impl ChunkedKernel {
             plants,
             naive: false,
             caps: Capabilities::everything(ScalePlacement::AfterReluSum),
-            runs: AtomicU64::new(0),
         }
     }
 
@@ -71,7 +77,6 @@ impl ChunkedKernel {
             plants: Vec::new(),
             naive: true,
             caps: Capabilities::everything(ScalePlacement::AfterReluSum),
-            runs: AtomicU64::new(0),
         }
     }
 
@@ -415,7 +420,7 @@ impl Kernel for ChunkedKernel {
 
     fn run(&self, case: &Case, out: &mut OutputBuffer) -> Result<RunInfo, RunError> {
         let start = Instant::now();
-        let run = self.runs.fetch_add(1, Ordering::Relaxed);
+        let run = RUNS.with(|r| r.replace(r.get() + 1));
         if self.naive {
             self.run_naive(case, out)?;
         } else {
