@@ -204,7 +204,7 @@ impl Feature {
                 OffsetClass::Pool(p) => p.blocks.saturating_mul(p.stride) > 1 << 32,
                 o => o == OffsetClass::Around4G,
             },
-            Feature::OutOffset2g => r.knobs.big_output,
+            Feature::OutOffset2g => r.output_bytes() > 1 << 31,
             Feature::BlockSize => r.knobs.block_size != 64,
             Feature::Layout => r.layout != ValueLayout::Normal,
             Feature::Fp8Format => r.knobs.format != Fp8Format::E4m3fn,
@@ -255,7 +255,26 @@ impl Feature {
             }
             Feature::KvOffset2g => b.knobs.offsets = OffsetClass::Low,
             Feature::KvOffset4g => b.knobs.offsets = OffsetClass::Around2G,
-            Feature::OutOffset2g => b.knobs.big_output = false,
+            Feature::OutOffset2g => {
+                // Off the axis (no prepended rows); then, where a wide max_model_len
+                // still carries the rows past 2 GiB, the least slack and padding
+                // that keep them below it (a slack kept above 0, so the longest
+                // sequence does not start filling max_model_len).
+                b.knobs.big_output = false;
+                let rows = (b.batch() * b.knobs.next_n).max(1) as u64;
+                let room = ((1u64 << 31) / (4 * rows)) as usize;
+                let longest = b.max_model_len() - b.knobs.model_len_slack;
+                let room = room.saturating_sub(longest);
+                let k = &mut b.knobs;
+                if k.model_len_slack + k.out_stride_pad > room {
+                    let floor = k.model_len_slack.min(1);
+                    k.model_len_slack = k
+                        .model_len_slack
+                        .min(room.saturating_sub(k.out_stride_pad))
+                        .max(floor);
+                    k.out_stride_pad = k.out_stride_pad.min(room.saturating_sub(k.model_len_slack));
+                }
+            }
             Feature::BlockSize => b.knobs.block_size = 64,
             Feature::Layout => b.layout = ValueLayout::Normal,
             Feature::Fp8Format => b.knobs.format = Fp8Format::E4m3fn,
@@ -450,6 +469,47 @@ mod tests {
         assert!(Feature::ALL
             .iter()
             .all(|f| Feature::parse(f.name()) == Some(*f)));
+    }
+
+    /// A production server's logits buffer (`[B·next_n, max_model_len]`, 1 Mi wide)
+    /// passes 2 GiB with 768 rows and no prepended rows: the output-offset feature is
+    /// the bytes, not the axis's knob. Its benign form keeps the batch and next_n and
+    /// narrows the buffer below 2 GiB; next_n's benign form takes it away too (fewer
+    /// rows), so a trigger that needs the offset does not also list next_n.
+    #[test]
+    fn a_wide_logits_buffer_passes_2_gib_without_the_output_axis() {
+        let mut r = Recipe::small(vec![700; 192], 4, 1);
+        r.knobs.model_len_slack = (1 << 20) - 700;
+        r.knobs.out_stride_pad = 256;
+        r.knobs.big_output = false;
+        assert_eq!(r.output_bytes(), 768 * ((1 << 20) + 256) * 4);
+        assert!(Feature::OutOffset2g.present(&r));
+        let b = Feature::OutOffset2g.benign(&r);
+        assert!(!Feature::OutOffset2g.present(&b), "{}", b.output_bytes());
+        assert!(b.output_bytes() > 1 << 30, "as wide as still fits");
+        assert_eq!((b.batch(), b.knobs.next_n), (192, 4));
+        assert!(
+            b.knobs.model_len_slack > 0,
+            "no max_model_len feature appears"
+        );
+        assert!(!Feature::OutOffset2g.present(&Feature::NextN3.benign(&r)));
+        let t = crate::finding::Trigger::new(
+            &r,
+            vec![Feature::OutOffset2g, Feature::NextN2, Feature::NextN3],
+            true,
+        );
+        assert_eq!(t.features, [Feature::OutOffset2g]);
+        // Without the offset, next_n stays the bug's own.
+        let t = crate::finding::Trigger::new(&r, vec![Feature::NextN2, Feature::NextN3], true);
+        assert_eq!(t.features, [Feature::NextN3]);
+        // The output axis's prepended rows are counted too.
+        let mut big = Recipe::small(vec![5, 9], 1, 1);
+        big.knobs.big_output = true;
+        assert!(Feature::OutOffset2g.present(&big));
+        assert_eq!(
+            big.materialize().shape.rows(),
+            big.output_bytes() as usize / 4 / (1 << 20)
+        );
     }
 
     #[test]

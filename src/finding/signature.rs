@@ -37,6 +37,14 @@ impl Trigger {
     pub fn new(recipe: &Recipe, mut features: Vec<Feature>, complete: bool) -> Trigger {
         let all = features.clone();
         features.retain(|f| !f.implied_by().is_some_and(|s| all.contains(&s)));
+        // A feature whose benign form also takes away another needed one (which in
+        // its own benign form keeps the first) was called needed for that other one:
+        // the ablation cannot tell them apart, and the other names the bug. next_n ≥ 2
+        // when next_n ≥ 3 is needed; a batch's next_n when its rows only carry a
+        // production logits buffer (`[B·next_n, max_model_len]`) past 2 GiB.
+        let takes_away =
+            |f: &Feature, g: &Feature| f != g && g.present(recipe) && !g.present(&f.benign(recipe));
+        features.retain(|f| !all.iter().any(|g| takes_away(f, g) && !takes_away(g, f)));
         // A block size or a stride whose benign form only moves the blocks' (or rows')
         // byte offsets below the band is not a trigger of its own when the offset band
         // is: "needs: KV byte offset ≥ 2^32" names the bug, whatever carried the blocks

@@ -224,6 +224,44 @@ impl Recipe {
         }
     }
 
+    /// `max_model_len`: the longest sequence plus the slack (at least 1).
+    pub fn max_model_len(&self) -> usize {
+        let longest = (0..self.batch()).map(|b| self.seq_tokens(b)).max();
+        (longest.unwrap_or(0) + self.knobs.model_len_slack).max(1)
+    }
+
+    /// The output's row stride in elements: `max_model_len` plus the padding; on the
+    /// output-offset axis at least 2^20 floats (max_model_len = 1<<20 in AITER #4244),
+    /// so a few hundred rows pass 2^31 bytes.
+    pub fn out_row_stride(&self) -> usize {
+        let stride = self.max_model_len() + self.knobs.out_stride_pad;
+        match self.knobs.big_output {
+            true => stride.max(1 << 20),
+            false => stride,
+        }
+    }
+
+    /// Sequences of length 0 prepended on the output-offset axis so that their rows
+    /// alone cover 2^31 bytes (every row of the real sequences starts past 2 GiB); 0
+    /// off the axis.
+    pub fn output_pad_seqs(&self) -> usize {
+        if !self.knobs.big_output {
+            return 0;
+        }
+        let row_bytes = self.out_row_stride() as u64 * 4;
+        let pad_rows = (1u64 << 31).div_ceil(row_bytes) as usize;
+        pad_rows.div_ceil(self.knobs.next_n)
+    }
+
+    /// Bytes the output spans, rows × row stride × 4: past 2^31, the byte offset of
+    /// its last rows overflows an int32, whether the rows were prepended for that
+    /// (`big_output`) or come from a wide `max_model_len` and a big batch (a
+    /// production server's logits buffer, `[B·next_n, max_model_len]`).
+    pub fn output_bytes(&self) -> u64 {
+        let rows = (self.batch() + self.output_pad_seqs()) * self.knobs.next_n;
+        rows as u64 * self.out_row_stride() as u64 * 4
+    }
+
     /// Materializes the case. Panics only on recipes the strategies never produce
     /// (e.g. zero batch); generated recipes always validate.
     pub fn materialize(&self) -> Case {
@@ -240,8 +278,7 @@ impl Recipe {
             format: k.format,
         };
         let bs = k.block_size;
-        let longest = (0..batch).map(|b| self.seq_tokens(b)).max().unwrap_or(0);
-        let max_model_len = (longest + k.model_len_slack).max(1);
+        let max_model_len = self.max_model_len();
         let used: Vec<usize> = (0..batch)
             .map(|b| self.seq_tokens(b).div_ceil(bs))
             .collect();
@@ -269,13 +306,7 @@ impl Recipe {
             ),
         };
         let mut rows = shape.rows();
-        // The output-offset axis: a row stride of 2^20 floats (max_model_len = 1<<20 in
-        // AITER #4244) so a few hundred rows pass 2^31 bytes.
-        let out_row_stride = if k.big_output {
-            (max_model_len + k.out_stride_pad).max(1 << 20)
-        } else {
-            max_model_len + k.out_stride_pad
-        };
+        let out_row_stride = self.out_row_stride();
         let mut context_lens = context_lens;
         let mut shape = shape;
         if k.big_output {
@@ -283,9 +314,7 @@ impl Recipe {
             // every row of the real sequences starts past 2 GiB (an int32 byte offset of
             // any of their stores overflows). Built in one pass: prepending one sequence
             // at a time is quadratic in the (possibly millions of) padding rows.
-            let row_bytes = out_row_stride as u64 * 4;
-            let pad_rows = (1u64 << 31).div_ceil(row_bytes) as usize;
-            let pad_seqs = pad_rows.div_ceil(k.next_n);
+            let pad_seqs = self.output_pad_seqs();
             shape.batch += pad_seqs;
             rows += pad_seqs * k.next_n;
             match &mut context_lens {
