@@ -1,6 +1,7 @@
 //! Shrinking: proptest's value tree of the failing case's seed is simplified step by
 //! step; a step is kept only when it still shows the *same bug*: the original class
-//! and, for a crash, the same normalised reason ([`crate::finding::shows`]). A step
+//! and, for a crash, the same normalised reason ([`crate::finding::shows`]), on a
+//! case no larger than the best so far (rows, then tokens, then shape). A step
 //! that fails differently is another bug: it is rejected here and handed back in
 //! [`Shrunk::others`], for the finding book to file as a finding of its own. Because
 //! every strategy component shrinks toward its simplest value (fewer sequences, length
@@ -105,20 +106,23 @@ pub(super) fn shrink(
             let t0 = Instant::now();
             let (verdict, evidence) = run(&cand);
             cost.record(&cand, t0.elapsed());
-            if keep(&verdict) {
+            if keep(&verdict) && size(&cand) <= size(&best.case) {
                 fails = true;
-                if size(&cand) <= size(&best.case) {
-                    best = Shrunk {
-                        recipe,
-                        case: cand,
-                        verdict,
-                        steps,
-                        shrunk: true,
-                        others: std::mem::take(&mut best.others),
-                        evidence,
-                        timed_out: false,
-                    };
-                }
+                best = Shrunk {
+                    recipe,
+                    case: cand,
+                    verdict,
+                    steps,
+                    shrunk: true,
+                    others: std::mem::take(&mut best.others),
+                    evidence,
+                    timed_out: false,
+                };
+            } else if keep(&verdict) {
+                // Simpler to the value tree but a larger case (a production draw's
+                // pinned max_model_len lengthens its longest sequence when the draw's
+                // own shrinks): taken as a pass, so the tree stays at the best case
+                // instead of wandering among cases larger than it.
             } else if let Some(class) = verdict.primary_class() {
                 let id = (class, crash_reason(&verdict));
                 if !seen.contains(&id) {
