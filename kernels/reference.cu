@@ -40,6 +40,10 @@
 //           group's head sum overlaps the next group's MMAs.
 //   IMMA=1  the dots on the integer tensor cores instead (sm_80+; D a multiple of 32, at
 //           most 128; MTG=2): see "Integer dots" below.
+//   KPF=1   (with IMMA, D a multiple of 64) each warp copies its next chunk's keys and
+//           scales into shared memory (cp.async) while it computes this chunk, the
+//           table ids loaded a chunk ahead: no warp waits on two dependent global loads
+//           at each chunk (ncu: "long scoreboard" stalls from 16% to 5% of the samples).
 //
 // Integer dots (IMMA=1). An fp8 value times 2^9 (fn) or 2^10 (fnuz) is an integer v,
 // |v| < 2^18. Split |v| into 7-bit limbs (bits 0-6, 7-13, 14-17), each carrying v's
@@ -51,7 +55,10 @@
 // at D = 128, so none can overflow), combined exactly as
 //   T01 = S0 + S1*2^7 (< 2^29.1), T234 = S2 + S3*2^7 + S4*2^14 (< 2^29.1),
 //   dot = (T234*2^14 + T01) * 2^-18 (or 2^-20): an integer below 2^44 made a double
-// exactly, times a power of two — the same f64 the DMMAs give. An fp8 NaN has no
+// exactly, times a power of two — the same f64 the DMMAs give (the head sum takes the
+// integer and applies the power of two once at the end: see exact_int_dot). The MMAs
+// of a k-step are ordered so that no two into one accumulator are close (LIMB_I/J), and
+// the query limbs sit in shared memory in fragment order (QFRAG). An fp8 NaN has no
 // integer: its limbs are 0 and a flag says NaN. A NaN query sets its head's weight
 // to NaN, a NaN key sets its token's sums to NaN: every head term is NaN then, exactly
 // as a NaN dot makes it in the f64 path (w * relu(NaN) and NaN * relu(x) are both NaN).
@@ -114,14 +121,25 @@
 #ifndef IMMA
 #define IMMA 0
 #endif
+#ifndef KPF
+#define KPF 0
+#endif
+#if KPF && (!IMMA || KPT % 16 != 0)
+#error "KPF (keys copied ahead) is a form of the integer path, D a multiple of 64"
+#endif
 #if IMMA && (MTG != 2 || QF64 || QHI || KHI || QV || DW || PIPE || DD % 32 != 0 || DD > 128)
 #error "IMMA takes two head tiles of its own int8 limbs, no pipelining, D a multiple of 32 up to 128"
 #endif
 #if IMMA
-// Bytes of one head's query limbs in shared memory: limb l of dims t*KPT + s at
-// l*DD + t*KPT + s; padded so that the 8-byte fragment loads of a half warp (heads g,
-// lanes t4) fall on distinct banks at D = 128.
-#define QRSB (3 * DD + 8)
+// The query limbs in shared memory, in the order the MMAs read them: for next_n row ii,
+// 16-head tile u, limb j and k-step s, lane L = g*4 + t4 holds its whole A fragment (heads
+// u*16 + g and u*16 + 8 + g, dims t4*KPT + 8*s + 0..7) as 16 contiguous bytes, so one
+// conflict-free 128-bit load gives the four registers of the MMA's A operand in order
+// (two 64-bit loads per head had to be shuffled into place by four moves per MMA).
+// Word w of the fragment: a[0] head g dims +0..3, a[1] head g+8 dims +0..3, a[2] head g
+// dims +4..7, a[3] head g+8 dims +4..7.
+#define KSTEPS (DD / 32)
+#define QFRAG(ii, u, j, s, L) (((((ii) * (H / 16) + (u)) * 3 + (j)) * KSTEPS + (s)) * 32 + (L))
 #endif
 #define SHEADS (8 * MTG)
 #define SROW (SHEADS + SPAD)
@@ -169,7 +187,7 @@ __device__ __forceinline__ void dmma(double* c, double a, double b) {
 // dimension a k is does not matter as long as A and B agree: lane t4's k-slots of
 // k-step s are dims t4*KPT + 8*s + 0..7.
 __device__ __forceinline__ void imma(int* c, const u32* a, const u32* b) {
-    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
@@ -197,12 +215,32 @@ __device__ __forceinline__ u32 split_limbs(const u32* ltab, u32 w, u32* l) {
     return (e0 | e1 | e2 | e3) >> 24;
 }
 
-// (T234 * 2^14 + T01) * unit as a double, exactly: the integer is below 2^44, so it sits
-// in the mantissa of 1.5 * 2^52 + t, and unit is a power of two.
-__device__ __forceinline__ double exact_dot(int t01, int t234, double unit) {
+// T234 * 2^14 + T01 as a double, exactly: the integer is below 2^44, so it sits in the
+// mantissa of 1.5 * 2^52 + t. The dot is this times `unit` (2^-18 or 2^-20); the head
+// sum takes the integer and applies `unit` once at the end, which gives the same bits:
+// every product and sum of the head sum is scaled by the same power of two, and none
+// comes near f64's subnormals or overflow (|dot| < 2^44, the f32 weight and scale
+// within 2^+-149: every nonzero term is above 2^-320, below 2^220).
+__device__ __forceinline__ double exact_int_dot(int t01, int t234) {
     const i64 t = ((i64)t234 << 14) + (i64)t01;
-    return __dmul_rn(__dsub_rn(__longlong_as_double(t + 0x4338000000000000LL), 6755399441055744.0), unit);
+    return __dsub_rn(__longlong_as_double(t + 0x4338000000000000LL), 6755399441055744.0);
 }
+
+// The order of the nine limb products (i, j) of a k-step, as nibbles: the MMAs into
+// one accumulator (i + j) are at least four pairs apart (sums 2 1 3 0 2 1 3 4 2), so a
+// warp issues them back to back without waiting for an MMA's result.
+#define LIMB_I 0x222110100u
+#define LIMB_J 0x021010212u
+
+// Asynchronous copies into shared memory (sm_80+), for the next chunk's keys.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((u32)__cvta_generic_to_shared(dst)), "l"(src));
+}
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"((u32)__cvta_generic_to_shared(dst)), "l"(src));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 #endif
 
 #if DW
@@ -226,7 +264,14 @@ extern "C" __global__ void __launch_bounds__(OWARPS * 32, OMINB) reference_f64(c
     const int H = p.heads;
     double* tab = osm;                             // 256
     double* wd = tab + 256;                        // nr * H
+#if IMMA
+    // Each row's output offset and V(r) length, read once per block of rows.
+    u64* soff = (u64*)(wd + nr * H);               // nr
+    int* slen = (int*)(soff + nr);                 // nr (in nr u64s)
+    double* stage = (double*)(soff + 2 * nr);      // OWARPS * (1 + PIPE) * WT tokens * SROW
+#else
     double* stage = wd + nr * H;                   // OWARPS * (1 + PIPE) * WT tokens * SROW
+#endif
     qelem* qf = (qelem*)(stage + OWARPS * (1 + PIPE) * WT * SROW);  // nr * H rows of QRS (permuted)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
 #if IMMA
@@ -234,6 +279,16 @@ extern "C" __global__ void __launch_bounds__(OWARPS * 32, OMINB) reference_f64(c
     for (int k = threadIdx.x; k < 256; k += blockDim.x) ltab[k] = limb_entry(p.decode[(p.fnuz ? 256 : 0) + k], p.fnuz);
     const double unit = p.fnuz ? 1.0 / 1048576.0 : 1.0 / 262144.0;
     u8* qb = (u8*)qf;
+    // Keys by 128-bit loads where every block starts 16-byte aligned (a padded block
+    // stride may leave it 4-byte aligned only).
+    const bool kvec = (((u64)p.kv | (u64)p.kv_stride) & 15) == 0;
+#if KPF
+    // Keys copied ahead: this warp's next chunk, as the raw bytes each lane will split
+    // (word e of lane L's 16-byte piece q of n-tile n at kpw[(n * KPT/16 + q) * 128 + L * 4
+    // + e], so the read back is one conflict-free 128-bit load), and each lane's scale.
+    u32* kpw = (u32*)(qb + nr * H * 3 * DD) + warp * (ONT * KPT * 8);
+    float* ksc = (float*)((u32*)(qb + nr * H * 3 * DD) + OWARPS * ONT * KPT * 8) + warp * 32;
+#endif
 #else
     for (int k = threadIdx.x; k < 256; k += blockDim.x) tab[k] = (double)p.decode[(p.fnuz ? 256 : 0) + k];
 #endif
@@ -243,6 +298,56 @@ extern "C" __global__ void __launch_bounds__(OWARPS * 32, OMINB) reference_f64(c
         for (int i0 = 0; i0 < p.next_n; i0 += nr) {
             const int rows_here = min(nr, p.next_n - i0);
             __syncthreads();
+#if KPF
+            // The next chunk's keys: the table ids first (pf_ids), the copies once they
+            // have arrived (pf_copy, after a group's MMAs), so neither load stalls the warp.
+            int nid[ONT], nsid = 0;
+            auto pf_ids = [&](int cn) {
+#pragma unroll
+                for (int n = 0; n < ONT; n++) {
+                    const int tok = cn * OTOK + warp * WT + n * 8 + g;
+                    if (tok < stok) nid[n] = p.table[(i64)b * p.table_stride + tok / p.block_size];
+                }
+                const int st = cn * OTOK + warp * WT + lane;
+                if (lane < WT && st < stok) nsid = p.table[(i64)b * p.table_stride + st / p.block_size];
+            };
+            auto pf_copy = [&](int cn) {
+#pragma unroll
+                for (int n = 0; n < ONT; n++) {
+                    const int tok = cn * OTOK + warp * WT + n * 8 + g;
+                    u32* dst = kpw + n * (KPT / 16) * 128 + lane * 4;
+                    if (tok < stok) {
+                        const u8* blk = p.kv + (u64)((i64)nid[n] * (i64)p.kv_stride);
+                        const int slot = tok % p.block_size;
+#pragma unroll
+                        for (int q = 0; q < KPT / 16; q++) {
+                            // 16 dims from a multiple of 16: contiguous in both layouts.
+                            const u8* src = blk + value_offset(p.layout, DD, slot, t4 * KPT + 16 * q);
+                            if (kvec) {
+                                cp_async16(dst + q * 128, src);
+                            } else {
+#pragma unroll
+                                for (int e = 0; e < 4; e++) cp_async4(dst + q * 128 + e, src + 4 * e);
+                            }
+                        }
+                    } else {
+#pragma unroll
+                        for (int q = 0; q < KPT / 16; q++) *(uint4*)(dst + q * 128) = make_uint4(0, 0, 0, 0);
+                    }
+                }
+                const int st = cn * OTOK + warp * WT + lane;
+                if (lane < WT && st < stok) {
+                    const u8* blk = p.kv + (u64)((i64)nsid * (i64)p.kv_stride);
+                    cp_async4(ksc + lane, blk + (u64)p.block_size * DD + 4 * (u64)(st % p.block_size));
+                } else {
+                    ksc[lane] = 0.0f;
+                }
+                cp_async_commit();
+            };
+            // The first chunk's copies overlap the query decode below.
+            pf_ids(blockIdx.x);
+            pf_copy(blockIdx.x);
+#endif
             // Four codes per 32-bit load (D % 16 == 0: they share a row and a lane's
             // segment), several loads in flight: a byte-wise loop waited out one global
             // latency per code, which made short chunks per CTA expensive.
@@ -255,9 +360,15 @@ extern "C" __global__ void __launch_bounds__(OWARPS * 32, OMINB) reference_f64(c
                 const int row = e / DD, d = e % DD;  // row = ii*H + h
                 u32 l[3];
                 if (split_limbs(ltab, *(const u32*)(qsrc + e), l)) wd[row] = __longlong_as_double(0x7ff8000000000000LL);
-                u8* dst = qb + row * QRSB + d;  // limb j of dim d at j*DD + d
+                const int ii = row / H, h = row % H, ft = d / KPT, fs = (d % KPT) >> 3, fh = (d >> 2) & 1;
+                u32* dst = (u32*)qb + 4 * QFRAG(ii, h >> 4, 0, fs, (h & 7) * 4 + ft) + fh * 2 + ((h >> 3) & 1);
 #pragma unroll
-                for (int j = 0; j < 3; j++) *(u32*)(dst + j * DD) = l[j];
+                for (int j = 0; j < 3; j++) dst[j * KSTEPS * 32 * 4] = l[j];
+            }
+            for (int ii = threadIdx.x; ii < rows_here; ii += blockDim.x) {
+                const int r = b * p.next_n + i0 + ii;
+                soff[ii] = row_off[r];
+                slen[ii] = valid_len(p, r);
             }
 #else
 #pragma unroll 4
@@ -285,6 +396,30 @@ extern "C" __global__ void __launch_bounds__(OWARPS * 32, OMINB) reference_f64(c
                 // holding that token's dims.
                 u32 kb[ONT][KPT / 8][3][2];
                 bool my_nan = false;
+#if KPF
+                cp_async_wait_all();  // this lane's own copies: it reads only those
+#pragma unroll
+                for (int n = 0; n < ONT; n++) {
+                    u32 nan = 0;
+#pragma unroll
+                    for (int q = 0; q < KPT / 16; q++) {
+                        const uint4 w = *(const uint4*)(kpw + (n * (KPT / 16) + q) * 128 + lane * 4);
+                        const u32 ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            u32 l[3];
+                            nan |= split_limbs(ltab, ws[e], l);
+#pragma unroll
+                            for (int j = 0; j < 3; j++) kb[n][2 * q + (e >> 1)][j][e & 1] = l[j];
+                        }
+                    }
+                    const u32 bal = __ballot_sync(0xffffffffu, nan != 0);
+                    if ((lane >> 3) == n) my_nan = ((bal >> ((lane & 7) * 4)) & 0xF) != 0;
+                }
+                const int cn = c + gridDim.x;
+                bool pf_pending = cn * OTOK < stok;
+                if (pf_pending) pf_ids(cn);
+#else
 #pragma unroll
                 for (int n = 0; n < ONT; n++) {
                     const int tok = c * OTOK + warp * WT + n * 8 + g;
@@ -293,15 +428,34 @@ extern "C" __global__ void __launch_bounds__(OWARPS * 32, OMINB) reference_f64(c
                         const int id = p.table[(i64)b * p.table_stride + tok / p.block_size];
                         const int slot = tok % p.block_size;
                         const u8* blk = p.kv + (u64)((i64)id * (i64)p.kv_stride);
+#if KPT % 16 == 0
+                        if (kvec) {
+                            // 16 bytes (two k-steps) per load: contiguous in both layouts.
 #pragma unroll
-                        for (int s = 0; s < KPT / 8; s++)
+                            for (int s = 0; s < KPT / 8; s += 2) {
+                                const uint4 w = *(const uint4*)(blk + value_offset(p.layout, DD, slot, t4 * KPT + 8 * s));
+                                const u32 ws[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
-                            for (int h2 = 0; h2 < 2; h2++) {
-                                u32 l[3];
-                                nan |= split_limbs(ltab, *(const u32*)(blk + value_offset(p.layout, DD, slot, t4 * KPT + 8 * s + 4 * h2)), l);
+                                for (int e = 0; e < 4; e++) {
+                                    u32 l[3];
+                                    nan |= split_limbs(ltab, ws[e], l);
 #pragma unroll
-                                for (int j = 0; j < 3; j++) kb[n][s][j][h2] = l[j];
+                                    for (int j = 0; j < 3; j++) kb[n][s + (e >> 1)][j][e & 1] = l[j];
+                                }
                             }
+                        } else
+#endif
+                        {
+#pragma unroll
+                            for (int s = 0; s < KPT / 8; s++)
+#pragma unroll
+                                for (int h2 = 0; h2 < 2; h2++) {
+                                    u32 l[3];
+                                    nan |= split_limbs(ltab, *(const u32*)(blk + value_offset(p.layout, DD, slot, t4 * KPT + 8 * s + 4 * h2)), l);
+#pragma unroll
+                                    for (int j = 0; j < 3; j++) kb[n][s][j][h2] = l[j];
+                                }
+                        }
                     } else {
 #pragma unroll
                         for (int s = 0; s < KPT / 8; s++)
@@ -311,6 +465,7 @@ extern "C" __global__ void __launch_bounds__(OWARPS * 32, OMINB) reference_f64(c
                     const u32 bal = __ballot_sync(0xffffffffu, nan != 0);
                     if ((lane >> 3) == n) my_nan = ((bal >> ((lane & 7) * 4)) & 0xF) != 0;
                 }
+#endif
 #else
                 // Keys of this warp's WT tokens, decoded to f64.
                 kelem kd[ONT][KPT];
@@ -337,13 +492,21 @@ extern "C" __global__ void __launch_bounds__(OWARPS * 32, OMINB) reference_f64(c
                 const int my_tok = c * OTOK + warp * WT + lane;
                 double my_scale = 0.0;
                 if (lane < WT && my_tok < stok) {
+#if KPF
+                    my_scale = (double)ksc[lane];
+#else
                     const int id = p.table[(i64)b * p.table_stride + my_tok / p.block_size];
                     const u8* blk = p.kv + (u64)((i64)id * (i64)p.kv_stride);
                     my_scale = (double)*(const float*)(blk + (u64)p.block_size * DD + 4 * (u64)(my_tok % p.block_size));
+#endif
                 }
                 for (int ii = 0; ii < rows_here; ii++) {
                     const int r = b * p.next_n + i0 + ii;
+#if IMMA
+                    const int len = slen[ii];
+#else
                     const int len = valid_len(p, r);
+#endif
                     if (c * OTOK + warp * WT >= len) continue;  // uniform per warp
                     double v = 0.0, m = 0.0;
                     // Head sum of the m-tile group whose dots are staged in `sb`, in head
@@ -364,30 +527,34 @@ extern "C" __global__ void __launch_bounds__(OWARPS * 32, OMINB) reference_f64(c
                     double* st0 = stage + warp * (1 + PIPE) * WT * SROW;
                     for (int mt = 0; mt < H / 8; mt += MTG) {
 #if IMMA
+                        double* st = st0;
                         // acc[i + j][n]: sum of limb-i queries times limb-j keys.
                         int acc[5][ONT][4];
 #pragma unroll
                         for (int i = 0; i < 5; i++)
 #pragma unroll
                             for (int n = 0; n < ONT; n++) acc[i][n][0] = acc[i][n][1] = acc[i][n][2] = acc[i][n][3] = 0;
-                        const u8* qrow = qb + (ii * H + mt * 8 + g) * QRSB + t4 * KPT;
 #pragma unroll
                         for (int s = 0; s < KPT / 8; s++) {
                             u32 a[3][4];
 #pragma unroll
                             for (int i = 0; i < 3; i++) {
-                                const uint2 lo = *(const uint2*)(qrow + i * DD + 8 * s);
-                                const uint2 hi = *(const uint2*)(qrow + 8 * QRSB + i * DD + 8 * s);
-                                a[i][0] = lo.x; a[i][1] = hi.x; a[i][2] = lo.y; a[i][3] = hi.y;
+                                const uint4 f = ((const uint4*)qb)[QFRAG(ii, mt / 2, i, s, lane)];
+                                a[i][0] = f.x; a[i][1] = f.y; a[i][2] = f.z; a[i][3] = f.w;
                             }
 #pragma unroll
-                            for (int n = 0; n < ONT; n++)
+                            for (int q = 0; q < 9; q++) {
+                                const int i = (LIMB_I >> (4 * q)) & 0xF, j = (LIMB_J >> (4 * q)) & 0xF;
 #pragma unroll
-                                for (int i = 0; i < 3; i++)
-#pragma unroll
-                                    for (int j = 0; j < 3; j++) imma(acc[i + j][n], a[i], kb[n][s][j]);
+                                for (int n = 0; n < ONT; n++) imma(acc[i + j][n], a[i], kb[n][s][j]);
+                            }
                         }
-                        double* st = st0;
+#if KPF
+                        if (pf_pending) {  // the table ids have had the MMAs' time to arrive
+                            pf_copy(cn);
+                            pf_pending = false;
+                        }
+#endif
                         // acc[.][n][x]: head mt*8 + g (x = 0, 1) or + 8 (x = 2, 3), token
                         // n*8 + 2*t4 + (x & 1).
 #pragma unroll
@@ -396,11 +563,13 @@ extern "C" __global__ void __launch_bounds__(OWARPS * 32, OMINB) reference_f64(c
                             for (int x = 0; x < 4; x++) {
                                 const int t01 = acc[0][n][x] + acc[1][n][x] * 128;
                                 const int t234 = acc[2][n][x] + acc[3][n][x] * 128 + acc[4][n][x] * 16384;
-                                st[(n * 8 + 2 * t4 + (x & 1)) * SROW + (x >> 1) * 8 + g] = exact_dot(t01, t234, unit);
+                                st[(n * 8 + 2 * t4 + (x & 1)) * SROW + (x >> 1) * 8 + g] = exact_int_dot(t01, t234);
                             }
                         __syncwarp();
+#if !PIPE
                         combine(st, mt);
                         __syncwarp();
+#endif
 #else
                         double acc[MTG][ONT][2];
 #pragma unroll
@@ -481,14 +650,24 @@ extern "C" __global__ void __launch_bounds__(OWARPS * 32, OMINB) reference_f64(c
                     }
 #endif
 #if IMMA
+                    // The head sum took the dots as integers: scale by `unit` (exact).
+                    v = __dmul_rn(v, unit);
+                    m = __dmul_rn(m, unit);
                     if (my_nan) v = m = __longlong_as_double(0x7ff8000000000000LL);
 #endif
                     if (lane < WT && my_tok < len) {
+#if IMMA
+                        const u64 o = soff[ii] + my_tok;
+#else
                         const u64 o = row_off[r] + my_tok;
+#endif
                         value[o] = inside ? v : __dmul_rn(v, my_scale);
                         mag[o] = inside ? m : __dmul_rn(m, fabs(my_scale));
                     }
                 }
+#if KPF
+                if (pf_pending) pf_copy(cn);  // no row of this chunk had tokens for this warp
+#endif
             }
         }
     }

@@ -151,7 +151,7 @@ pub fn compute_device(
         .map_err(GpuFailure::Environment)?;
     // Query rows at a time: as many as fit the CTA's share of shared memory, at least one.
     let row_bytes = tuning.row_bytes(s);
-    let fixed = tuning.fixed_bytes();
+    let fixed = tuning.fixed_bytes(s);
     let nr = (tuning.smem_budget().saturating_sub(fixed) / row_bytes).clamp(1, s.next_n);
     let smem = (fixed + nr * row_bytes) as u32;
     if smem > gpu.max_smem_optin {

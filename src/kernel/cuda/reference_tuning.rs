@@ -47,6 +47,10 @@ pub struct ReferenceTuning {
     /// partial sums combined exactly (kernels/reference.cu, "Integer dots"). Takes two
     /// head tiles, D 64 or 128.
     pub int_mma: bool,
+    /// The integer path with each warp's next chunk of keys copied into shared memory
+    /// (`cp.async`) while it computes this one, its table ids loaded a step earlier:
+    /// the warp no longer waits on two dependent global loads at each chunk. D 64 or 128.
+    pub prefetch_keys: bool,
 }
 
 impl ReferenceTuning {
@@ -65,16 +69,21 @@ impl ReferenceTuning {
     /// Integer-limb dots (sm_80 and newer, D 64 or 128): 32 tokens per warp, two CTAs
     /// per SM, padded stage.
     pub const INT8: ReferenceTuning = ReferenceTuning::int8(2, 4);
+    /// [`Self::INT8`] with each warp's next chunk of keys copied ahead (D 64 or 128).
+    pub const INT8_AHEAD: ReferenceTuning = ReferenceTuning::INT8.prefetched();
     /// The default before sm_90 (m8n8k4 only): high words, padded stage, float4 loads.
     pub const NARROW: ReferenceTuning = ReferenceTuning::VECTOR.hi_words().hi_keys().padded();
 
-    /// Fastest first, as measured on the H200 (BENCHMARKS.md, "Session 3" and
-    /// "Session 17"): [`Self::INT8`] takes the production case from 1.649 ms
-    /// ([`Self::WIDE`], the f64 MMAs at ~62% of the FP64 tensor peak) to 1.258 ms and the
-    /// two small cases from 0.044/0.073 ms to 0.036/0.059 ms; [`Self::WIDE`] had taken
-    /// it from 3.22 ms ([`Self::VECTOR`]); [`Self::NARROW`] (2.51 ms) is the best
-    /// without an integer or m16n8k16 MMA; the plain kernel takes every other shape.
-    pub const PREFERRED: [ReferenceTuning; 5] = [
+    /// Fastest first, as measured on the H200 (BENCHMARKS.md, sessions 3, 17 and 19):
+    /// [`Self::INT8_AHEAD`] takes the production case to 1.080 ms, [`Self::INT8`] to
+    /// 1.154 ms (1.267 ms before its query limbs sat in fragment order), from 1.649 ms
+    /// ([`Self::WIDE`], the f64 MMAs at ~62% of the FP64 tensor peak); on the two small
+    /// cases the copy ahead costs 2-3 µs (0.037/0.059 against 0.035/0.056 ms), which
+    /// campaigns' production-size cases repay many times. [`Self::WIDE`] had taken the
+    /// production case from 3.22 ms ([`Self::VECTOR`]); [`Self::NARROW`] (2.51 ms) is the
+    /// best without an integer or m16n8k16 MMA; the plain kernel takes every other shape.
+    pub const PREFERRED: [ReferenceTuning; 6] = [
+        ReferenceTuning::INT8_AHEAD,
         ReferenceTuning::INT8,
         ReferenceTuning::WIDE,
         ReferenceTuning::NARROW,
@@ -86,7 +95,7 @@ impl ReferenceTuning {
     /// CPU: the defaults, and the variants that show what each define is worth (every
     /// code path of `reference.cu` is in at least one). Earlier measured variants are in
     /// BENCHMARKS.md.
-    pub const ALL: [ReferenceTuning; 17] = [
+    pub const ALL: [ReferenceTuning; 21] = [
         ReferenceTuning::PLAIN,
         ReferenceTuning::new(true, 1, 3, false, false),
         ReferenceTuning::new(false, 2, 3, false, false),
@@ -102,6 +111,10 @@ impl ReferenceTuning {
         ReferenceTuning::WIDE.pipelined(),
         ReferenceTuning::WIDE.chunks(4),
         ReferenceTuning::INT8,
+        ReferenceTuning::INT8.chunks(16),
+        ReferenceTuning::INT8_AHEAD,
+        ReferenceTuning::INT8_AHEAD.chunks(4),
+        ReferenceTuning::INT8_AHEAD.chunks(16),
         ReferenceTuning::int8(3, 2),
         ReferenceTuning::int8(4, 2),
     ];
@@ -126,6 +139,7 @@ impl ReferenceTuning {
             token_tiles: 2,
             padded_stage: false,
             int_mma: false,
+            prefetch_keys: false,
         }
     }
 
@@ -183,6 +197,13 @@ impl ReferenceTuning {
         }
     }
 
+    const fn prefetched(self) -> Self {
+        ReferenceTuning {
+            prefetch_keys: true,
+            ..self
+        }
+    }
+
     const fn chunks(self, chunks_per_cta: usize) -> Self {
         ReferenceTuning {
             chunks_per_cta,
@@ -221,17 +242,26 @@ impl ReferenceTuning {
     /// Bytes of shared memory one next_n row of queries (and its weights) takes.
     pub(super) fn row_bytes(self, shape: &Shape) -> usize {
         if self.int_mma {
-            // Three limb bytes per dimension and 8 bytes of padding (QRSB), the weight.
-            return shape.heads * (3 * shape.head_dim + 8) + shape.heads * 8;
+            // Three limb bytes per dimension (QFRAG), the weight; the row's output
+            // offset and length (16 bytes).
+            return shape.heads * 3 * shape.head_dim + shape.heads * 8 + 16;
         }
         let q = if self.f64_queries { 8 } else { 4 };
         let row = shape.head_dim + if self.vector_loads { 16 } else { 4 };
         shape.heads * row * q + shape.heads * 8
     }
 
-    pub(super) fn fixed_bytes(self) -> usize {
+    pub(super) fn fixed_bytes(self, shape: &Shape) -> usize {
         let stage_row = 8 * self.head_tiles + self.padded_stage as usize;
-        (256 + 4 * (1 + self.pipelined as usize) * 8 * self.token_tiles * stage_row) * 8
+        let stage =
+            (256 + 4 * (1 + self.pipelined as usize) * 8 * self.token_tiles * stage_row) * 8;
+        // Keys copied ahead: each warp's 8 * token_tiles tokens of D bytes, and 32 scales.
+        let keys = if self.prefetch_keys {
+            4 * (8 * self.token_tiles * shape.head_dim + 32 * 4)
+        } else {
+            0
+        };
+        stage + keys
     }
 
     /// Whether the kernel compiled this way can take `shape` within the budget.
@@ -242,6 +272,7 @@ impl ReferenceTuning {
                 && matches!(shape.head_dim, 64 | 128));
         let wide_ok = !self.wide_mma || (self.vector_loads && self.head_tiles == 2);
         let queries_ok = !(self.f64_queries && self.hi_word_queries);
+        let prefetch_ok = !self.prefetch_keys || self.int_mma;
         let int_ok = !self.int_mma
             || (self.head_tiles == 2
                 && !(self.f64_queries
@@ -255,16 +286,17 @@ impl ReferenceTuning {
                 // one and three k-steps of the same code, have not run on one).
                 && matches!(shape.head_dim, 64 | 128));
         vector_ok
+            && prefetch_ok
             && wide_ok
             && queries_ok
             && int_ok
             && shape.heads.is_multiple_of(8 * self.head_tiles)
-            && self.fixed_bytes() + self.row_bytes(shape) <= self.smem_budget()
+            && self.fixed_bytes(shape) + self.row_bytes(shape) <= self.smem_budget()
     }
 
     pub fn label(self) -> String {
         format!(
-            "{} queries, {} head tile{}, {} CTAs/SM{}{}{}{}{}{}{}{}",
+            "{} queries, {} head tile{}, {} CTAs/SM{}{}{}{}{}{}{}{}{}",
             if self.int_mma {
                 "limb"
             } else if self.f64_queries {
@@ -307,6 +339,11 @@ impl ReferenceTuning {
                 String::new()
             } else {
                 format!(", {} chunks/CTA", self.chunks_per_cta)
+            },
+            if self.prefetch_keys {
+                ", keys copied ahead"
+            } else {
+                ""
             }
         )
     }
@@ -325,6 +362,7 @@ impl ReferenceTuning {
             ("ONT".into(), self.token_tiles.to_string()),
             ("SPAD".into(), (self.padded_stage as u8).to_string()),
             ("IMMA".into(), (self.int_mma as u8).to_string()),
+            ("KPF".into(), (self.prefetch_keys as u8).to_string()),
         ]
     }
 }
@@ -351,7 +389,7 @@ mod tests {
     /// a tuning that fits and runs on the device.
     #[test]
     fn default_tuning_fits_and_runs() {
-        let (int8, narrow) = (ReferenceTuning::INT8, ReferenceTuning::NARROW);
+        let (int8, narrow) = (ReferenceTuning::INT8_AHEAD, ReferenceTuning::NARROW);
         assert_eq!(ReferenceTuning::for_shape(&shape(64, 128, 2), 9), int8);
         assert_eq!(ReferenceTuning::for_shape(&shape(64, 128, 2), 8), int8);
         assert_eq!(ReferenceTuning::for_shape(&shape(64, 128, 2), 7), narrow);
@@ -457,6 +495,67 @@ mod tests {
         // And the integer dot is the exact one: max * max * D within 2^44.
         let vmax = max[0] + max[1] * 128 + max[2] * 16384;
         assert!(vmax * vmax * d < 1 << 44);
+    }
+
+    /// The integer path's head sum takes each dot as its integer (T234 * 2^14 + T01) and
+    /// scales the sums by the dot's unit (2^-18 or 2^-20) once at the end
+    /// (kernels/reference.cu, `exact_int_dot`): that must give the bits of the CPU
+    /// reference's head sum over the dots themselves, for every weight and scale an f32
+    /// can hold (subnormal, huge, infinite, NaN), both scale placements.
+    #[test]
+    fn integer_head_sum_scaled_at_the_end_is_the_reference() {
+        use rand::{Rng, RngExt};
+        let mut rng = crate::generate::values::rng_for(17);
+        let relu = |x: f64| if x > 0.0 || x.is_nan() { x } else { 0.0 };
+        let same = |a: f64, b: f64| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+        let f32_any = |rng: &mut proptest::test_runner::TestRng| -> f64 {
+            let bits = match rng.random_range(0..4) {
+                0 => rng.next_u32(),
+                1 => rng.next_u32() & 0x807f_ffff, // subnormal or zero
+                2 => (rng.next_u32() & 0x8000_0000) | 0x7f80_0000 | (rng.random_range(0..2) as u32), // inf or NaN
+                _ => (rng.next_u32() & 0x83ff_ffff) | 0x3c00_0000, // near 1
+            };
+            f32::from_bits(bits) as f64
+        };
+        for trial in 0..20_000 {
+            let unit = if trial % 2 == 0 {
+                2f64.powi(-18)
+            } else {
+                2f64.powi(-20)
+            };
+            let inside = trial % 4 < 2;
+            let heads = 1 + rng.random_range(0..64);
+            let scale = f32_any(&mut rng);
+            let (mut v, mut m, mut vi, mut mi) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
+            for _ in 0..heads {
+                let int = match rng.random_range(0..3) {
+                    0 => rng.random_range(-3i64..=3),
+                    1 => rng.random_range(-(1i64 << 20)..(1 << 20)),
+                    _ => rng.random_range(-(1i64 << 44) + 1..(1 << 44)),
+                } as f64;
+                let w = f32_any(&mut rng);
+                let dot = int * unit; // exact: the reference's dot
+                let (t, ti) = if inside {
+                    (w * relu(dot * scale), w * relu(int * scale))
+                } else {
+                    (w * relu(dot), w * relu(int))
+                };
+                v += t;
+                m += t.abs();
+                vi += ti;
+                mi += ti.abs();
+            }
+            let (vi, mi) = (vi * unit, mi * unit);
+            let (want, got) = if inside {
+                ((v, m), (vi, mi))
+            } else {
+                ((v * scale, m * scale.abs()), (vi * scale, mi * scale.abs()))
+            };
+            assert!(
+                same(want.0, got.0) && same(want.1, got.1),
+                "trial {trial}: {want:?} vs {got:?} (scale {scale:e}, inside {inside})"
+            );
+        }
     }
 
     #[test]
