@@ -215,6 +215,21 @@ __device__ __forceinline__ u32 split_limbs(const u32* ltab, u32 w, u32* l) {
     return (e0 | e1 | e2 | e3) >> 24;
 }
 
+// Sixteen key bytes (dims 8*s .. 8*s + 15 of a lane's share: k-steps s and s+1) to the
+// limbs of that token tile's B fragments kbn[s][j][h2]. Returns the NaN flags.
+__device__ __forceinline__ u32 split_key16(const u32* ltab, uint4 w, u32 (*kbn)[3][2], int s) {
+    const u32 ws[4] = {w.x, w.y, w.z, w.w};
+    u32 nan = 0;
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        u32 l[3];
+        nan |= split_limbs(ltab, ws[e], l);
+#pragma unroll
+        for (int j = 0; j < 3; j++) kbn[s + (e >> 1)][j][e & 1] = l[j];
+    }
+    return nan;
+}
+
 // T234 * 2^14 + T01 as a double, exactly: the integer is below 2^44, so it sits in the
 // mantissa of 1.5 * 2^52 + t. The dot is this times `unit` (2^-18 or 2^-20); the head
 // sum takes the integer and applies `unit` once at the end, which gives the same bits:
@@ -402,17 +417,8 @@ extern "C" __global__ void __launch_bounds__(OWARPS * 32, OMINB) reference_f64(c
                 for (int n = 0; n < ONT; n++) {
                     u32 nan = 0;
 #pragma unroll
-                    for (int q = 0; q < KPT / 16; q++) {
-                        const uint4 w = *(const uint4*)(kpw + (n * (KPT / 16) + q) * 128 + lane * 4);
-                        const u32 ws[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-                        for (int e = 0; e < 4; e++) {
-                            u32 l[3];
-                            nan |= split_limbs(ltab, ws[e], l);
-#pragma unroll
-                            for (int j = 0; j < 3; j++) kb[n][2 * q + (e >> 1)][j][e & 1] = l[j];
-                        }
-                    }
+                    for (int q = 0; q < KPT / 16; q++)
+                        nan |= split_key16(ltab, *(const uint4*)(kpw + (n * (KPT / 16) + q) * 128 + lane * 4), kb[n], 2 * q);
                     const u32 bal = __ballot_sync(0xffffffffu, nan != 0);
                     if ((lane >> 3) == n) my_nan = ((bal >> ((lane & 7) * 4)) & 0xF) != 0;
                 }
@@ -432,17 +438,8 @@ extern "C" __global__ void __launch_bounds__(OWARPS * 32, OMINB) reference_f64(c
                         if (kvec) {
                             // 16 bytes (two k-steps) per load: contiguous in both layouts.
 #pragma unroll
-                            for (int s = 0; s < KPT / 8; s += 2) {
-                                const uint4 w = *(const uint4*)(blk + value_offset(p.layout, DD, slot, t4 * KPT + 8 * s));
-                                const u32 ws[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-                                for (int e = 0; e < 4; e++) {
-                                    u32 l[3];
-                                    nan |= split_limbs(ltab, ws[e], l);
-#pragma unroll
-                                    for (int j = 0; j < 3; j++) kb[n][s + (e >> 1)][j][e & 1] = l[j];
-                                }
-                            }
+                            for (int s = 0; s < KPT / 8; s += 2)
+                                nan |= split_key16(ltab, *(const uint4*)(blk + value_offset(p.layout, DD, slot, t4 * KPT + 8 * s)), kb[n], s);
                         } else
 #endif
                         {
