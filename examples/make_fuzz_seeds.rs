@@ -79,6 +79,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         draws_values: false,
         draws_table_tails: false,
         judges_on_device: false,
+        warm_up_secs: None,
     }));
     let small = OutputBuffer::new(2, 3, 4);
     let out_path = tmp.join("out.st");

@@ -34,7 +34,8 @@
 #                                        (200), each bug its own finding with trigger and tier
 # speed       ~2 min build + WARMUP      real-kernel speed, the old binary (OLD_BIN, default ./mqa-fuzz-old,
 #             (45 s) + 4 x BUDGET (100 s) with its adapters in OLD_ADAPTERS) beside this one on the same
-#                                        seeds: DeepGEMM over PROFILES (all production; none: skip
+#                                        seeds (DG_ARGS, WARM_UP_AB, STEADY: see check_speed):
+#                                        DeepGEMM over PROFILES (all production; none: skip
 #                                        DeepGEMM), and cuda:tiled (an isolated worker) over TILED_PROFILES
 #                                        (all), DeepGEMM's JIT warmed first (scripts/gpu/deepgemm_jit.py,
 #                                        then a WARMUP s campaign; WARMUP=0 skips); cases/s, restarts,
@@ -130,7 +131,8 @@ campaign() {
     shift
     t0=$(date +%s)
     echo "[$(stamp)] campaign $name: mqa-fuzz run $*"
-    "${BIN:-$B}" run "$@" --no-replay --corpus "$W/c/$name" --report "$W/r/$name" -q >"$W/logs/$name.log" 2>&1
+    # CORPUS_OF=NAME: run on campaign NAME's corpus (its signatures known, so not shrunk again).
+    "${BIN:-$B}" run "$@" --no-replay --corpus "$W/c/${CORPUS_OF:-$name}" --report "$W/r/$name" -q >"$W/logs/$name.log" 2>&1
     local rc=$? # before anything else runs: "$(stamp)" in the line below would reset $?
     echo "[$(stamp)] campaign $name exit $rc in $(($(date +%s) - t0)) s"
     grep -v '^mqa-fuzz: ' "$W/logs/$name.log" | tail -12
@@ -353,11 +355,23 @@ check_speed() {
         python3 "$gdir/deepgemm_jit.py" fresh-process 2>&1 | tee -a "$W/logs/deepgemm-jit.log" | tail -2
         campaign speed-warmup-dg --kernel deepgemm --profile all --budget "${WARMUP:-45}" --seed 5 >/dev/null
     fi
+    # DG_ARGS: more `run` arguments for the DeepGEMM campaigns ("--repeat 1 --batch-invariance
+    # off": the case path without the property re-runs). WARM_UP_AB=1: this binary also with
+    # its workers' warm-up off (MQA_FUZZ_WARM_UP=off), a same-binary before/after. STEADY=1:
+    # this binary once more on its own corpus (signatures known: a nightly's steady state).
     for p in ${PROFILES:-all production}; do
         [ "$p" = none ] && continue
+        # shellcheck disable=SC2086
         [ -x "$old" ] && MQA_FUZZ_ADAPTERS="$olda" BIN="$old" \
-            campaign "speed-old-dg-$p" --kernel deepgemm --profile "$p" --budget "$t" --seed "$seed"
-        campaign "speed-new-dg-$p" --kernel deepgemm --profile "$p" --budget "$t" --seed "$seed"
+            campaign "speed-old-dg-$p" --kernel deepgemm --profile "$p" --budget "$t" --seed "$seed" ${DG_ARGS:-}
+        # shellcheck disable=SC2086
+        [ "${WARM_UP_AB:-0}" = 1 ] && MQA_FUZZ_WARM_UP=off \
+            campaign "speed-nowarm-dg-$p" --kernel deepgemm --profile "$p" --budget "$t" --seed "$seed" ${DG_ARGS:-}
+        # shellcheck disable=SC2086
+        campaign "speed-new-dg-$p" --kernel deepgemm --profile "$p" --budget "$t" --seed "$seed" ${DG_ARGS:-}
+        # shellcheck disable=SC2086
+        [ "${STEADY:-0}" = 1 ] && CORPUS_OF="speed-new-dg-$p" \
+            campaign "speed-steady-dg-$p" --kernel deepgemm --profile "$p" --budget "$t" --seed "$((seed + 1))" ${DG_ARGS:-}
     done
     local tt=${TILED_BUDGET:-45}
     if [ "$tt" != 0 ]; then
@@ -388,11 +402,23 @@ for d in sys.argv[1:]:
     k = next(iter(r["per_kernel"].values()))
     extra = {key: val for key, val in k.items() if "compile" in key or "first" in key or "steady" in key}
     workers = [x.get("worker") for x in r["kernels"] if x.get("worker")]
+    first, firsts = {}, 0  # the phases of each worker life's first case, summed
+    try:
+        for line in open(os.path.join(d, "timings.jsonl")):
+            for run in json.loads(line)["runs"]:
+                ph = {p: v for p, v in run["phases_ms"].items() if p.endswith("[first case of a worker]")}
+                firsts += bool(ph)
+                for p, v in ph.items():
+                    first[p.replace(" [first case of a worker]", "")] = first.get(p.replace(" [first case of a worker]", ""), 0) + v
+    except OSError:
+        pass
+    top = ", ".join(f"{p} {v / max(firsts, 1):.1f}" for p, v in sorted(first.items(), key=lambda x: -x[1])[:6])
     print(f"{os.path.basename(d)}: {n} cases in {w:.0f} s = {n / max(w, 1e-9):.2f} cases/s; "
           f"kernel clock {k.get('kernel_secs', 0):.1f} s, runs {k.get('run_wall_secs', 0):.1f} s, "
           f"shrink {r['timings'].get('shrink_secs', 0):.1f} s; tokens/case min {min(tok, default=0)} "
           f"median {int(statistics.median(tok)) if tok else 0}; findings {len(r['findings'])}; "
           f"stopped_early {r.get('stopped_early')}; {extra}; workers {workers}")
+    print(f"   first cases of a life: {firsts}, ms each by phase: {top}")
 PY
 }
 

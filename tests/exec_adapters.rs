@@ -759,6 +759,58 @@ pc.serve_forking(setup)
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A hosted life's warm-up (hosted.py `warm_up`) makes the launch's torch operations
+/// through the same `Call` methods a case uses: here over host memory standing in for
+/// the device's (the test's `Call` wraps pointers with numpy), so the per-token lengths
+/// of a 1-D case and the copy into the output are checked where no GPU is; on a GPU the
+/// hosted campaigns of `scripts/gpu-check.sh` run it for real. A warm-up whose own
+/// results are wrong raises (and the life goes on without it).
+#[test]
+fn the_hosted_warm_up_makes_the_launch_operations() {
+    require_python!("numpy", "torch");
+    let script = r#"
+import ctypes, os, sys
+import numpy as np, torch
+sys.path.insert(0, os.environ["ADAPTERS"])
+import hosted
+
+class HostCall(hosted.Call):
+    def _t(self, ptr, shape, strides, typestr):
+        item = int(typestr[2:])
+        dt = {"u": np.uint8, "i": np.int32, "f": np.float32}[typestr[1]]
+        span = sum((s - 1) * st for s, st in zip(shape, strides)) + item
+        buf = (ctypes.c_uint8 * span).from_address(ptr)
+        return torch.from_numpy(np.ndarray(shape, dtype=dt, buffer=buf, strides=strides))
+
+secs = hosted.warm_up(torch, device="cpu", make_call=HostCall)
+assert 0 < secs < 30, secs
+os.environ["MQA_FUZZ_WARM_UP"] = "off"
+assert not hosted.warm_up_wanted()
+os.environ["MQA_FUZZ_WARM_UP"] = "on"
+assert hosted.warm_up_wanted()
+
+class WrongLengths(HostCall):
+    def lens_per_token(self):
+        return super().lens_per_token() + 1
+try:
+    hosted.warm_up(torch, device="cpu", make_call=WrongLengths)
+    raise SystemExit("a warm-up with wrong lengths passed")
+except RuntimeError as e:
+    assert "lengths" in str(e), e
+print("ok")
+"#;
+    let out = Command::new("python3")
+        .args(["-c", script])
+        .env("ADAPTERS", format!("{FAKES}/.."))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "ok",
+        "{stderr}"
+    );
+}
+
 /// `libmqa_fuzz.so` as `cargo` built it: beside the binary after `cargo build` (what
 /// mqa-fuzz hands its adapters as `MQA_FUZZ_HOSTED_LIB`), in `deps/` after `cargo test`
 /// alone (which builds it but does not copy it up).

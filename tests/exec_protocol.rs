@@ -334,6 +334,7 @@ fn judging_stand_in(dir: &std::path::Path, crash_once: bool) -> ExecKernel {
     drop(real);
     hello.protocol = 2;
     hello.judges_on_device = true;
+    hello.warm_up_secs = Some(0.08);
     let mut line = serde_json::to_value(&hello).unwrap();
     line["type"] = "hello".into();
     std::fs::write(dir.join("hello.json"), line.to_string()).unwrap();
@@ -445,4 +446,9 @@ fn a_request_behind_a_crash_is_sent_again_not_blamed() {
     let answered = results.iter().filter(|r| r.is_ok()).count();
     assert_eq!((crashes, answered), (1, 3), "{results:?}");
     assert_eq!(k.restart_stats().restarts, 1);
+    // Both lives said they warmed up (80 ms each, in their hello): the report counts
+    // the first life's and the restarted one's.
+    let w = k.worker_report().unwrap();
+    assert_eq!(w.warm_ups, 2, "{w:?}");
+    assert!((w.warm_up_mean_secs - 0.08).abs() < 1e-9, "{w:?}");
 }

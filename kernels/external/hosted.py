@@ -12,7 +12,8 @@ device (PROTOCOL.md, "Hosted workers").
 ``MQA_FUZZ_HOSTED``: ``auto`` (default: hosted when the library loads and the device is
 a CUDA GPU, else the plain protocol, with the reason on stderr), ``on`` (hosted or an
 environment error), ``off``. ``MQA_FUZZ_HOSTED_LIB``: the library's path (mqa-fuzz sets
-it for its workers when ``libmqa_fuzz.so`` lies beside its binary).
+it for its workers when ``libmqa_fuzz.so`` lies beside its binary). ``MQA_FUZZ_WARM_UP=off``:
+a life does not make the launch's torch operations once before its hello (:func:`warm_up`).
 """
 
 import ctypes
@@ -195,6 +196,54 @@ class Call:
         return self._t(self.p.out, (self.rows, self.max_model_len), (self.p.out_stride * 4, 4), "<f4")
 
 
+def warm_up_wanted():
+    """``MQA_FUZZ_WARM_UP``: on unless ``off``/``0`` (mqa-fuzz refuses other values)."""
+    return os.environ.get("MQA_FUZZ_WARM_UP", "").strip().lower() not in ("off", "0")
+
+
+def warm_up(torch, device="cuda", make_call=None):
+    """Makes, once, the torch operations a hosted launch makes on mqa-fuzz's memory —
+    device pointers wrapped as tensors, the per-token lengths a 1-D case expands to, a
+    float32 fill, a strided float32 copy into the output, timing events — on a few bytes
+    of torch's own memory, so that a worker life's first case does not pay their first
+    use (torch loads each CUDA kernel's code when first launched: 50-150 ms in all for a
+    DeepGEMM launch on an H200). The library itself is not called: a warm-up must not
+    be able to fault. Returns the seconds it took."""
+    import time
+    t0 = time.perf_counter()
+    dev = torch.device(device)
+    b, n, h, d, bs, mml = 1, 2, 8, 16, 64, 64
+    sizes = {"q": b * n * h * d, "weights": b * n * h * 4, "kv": bs * (d + 4), "table": 4, "lens": 4,
+             "out": b * n * mml * 4}
+    mem = {k: torch.zeros(v, dtype=torch.uint8, device=dev) for k, v in sizes.items()}
+    mem["lens"].view(torch.int32).fill_(mml)
+    raw = HostedCall()
+    p = raw.params
+    for k, t in mem.items():
+        setattr(p, k, t.data_ptr())
+    p.kv_bytes, p.kv_stride, p.out_stride = sizes["kv"], sizes["kv"], mml
+    p.batch, p.next_n, p.heads, p.head_dim, p.block_size = b, n, h, d, bs
+    p.max_blocks, p.table_stride, p.max_model_len, p.lens_2d = 1, 1, mml, 0
+    raw.num_blocks, raw.rows = 1, b * n
+    c = (make_call or Call)(raw, torch)
+    c.q(torch.float8_e4m3fn), c.weights(), c.kv_cache(), c.table()
+    per_token = c.lens_per_token()
+    filled = torch.full((c.rows, 256), 0.5, dtype=torch.float32, device=dev)
+    if dev.type == "cuda":
+        a, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        c.out().copy_(filled[:, :c.max_model_len])
+        e.record()
+        torch.cuda.synchronize()
+        a.elapsed_time(e)
+    else:
+        c.out().copy_(filled[:, :c.max_model_len])
+    expected = [[mml - n + i + 1 for i in range(n)]] * b
+    if per_token.tolist() != expected or float(c.out().sum()) != 0.5 * c.rows * mml:
+        raise RuntimeError(f"the warm-up's own results are wrong: lengths {per_token.tolist()}, expected {expected}")
+    return time.perf_counter() - t0
+
+
 def serve(lib, hello, launch, in_fd, out_fd, fault_spec=None):
     """Serves until the requests end; returns the worker's exit status.
     ``launch(call: Call) -> kernel microseconds (or None)``; raising :class:`pc.Skipped`
@@ -222,6 +271,12 @@ def serve(lib, hello, launch, in_fd, out_fd, fault_spec=None):
         return code
 
     cb = LAUNCH(callback)  # kept alive for the whole call below
+    hello = dict(hello)
+    if warm_up_wanted():
+        try:
+            hello["warm_up_secs"] = warm_up(torch)
+        except Exception as e:  # noqa: BLE001 - a warm-up that fails costs only speed
+            print(f"note: warm-up skipped: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
     text = json.dumps(hello, allow_nan=False).encode()
     fault = fault_spec.encode() if fault_spec else None
     return lib.mqa_fuzz_hosted_serve(in_fd, out_fd, text, fault, cb)

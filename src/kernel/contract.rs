@@ -388,6 +388,12 @@ pub struct WorkerReport {
     /// Restarts served by a life the fork server had started ahead (a spare).
     #[serde(default)]
     pub restarts_from_spare: u64,
+    /// Worker lives that warmed up before their hello ([`Kernel::warm_up`]), and the
+    /// mean seconds it took (off the campaign's path for lives started ahead).
+    #[serde(default)]
+    pub warm_ups: u64,
+    #[serde(default)]
+    pub warm_up_mean_secs: f64,
 }
 
 /// A kernel under test.
@@ -419,6 +425,13 @@ pub trait Kernel: Send + Sync {
     /// unusable): a worker serving it stops after answering, so a fresh one follows.
     fn lost(&self) -> bool {
         false
+    }
+    /// Loads what its first case would otherwise load (device modules), before a worker
+    /// serving it says hello, so that a life started ahead of a restart takes its first
+    /// case at full speed. `Ok(Some(line))` says what it did; `Err` why it could not
+    /// (the first case meets the same and reports it). `MQA_FUZZ_WARM_UP=off` skips it.
+    fn warm_up(&self) -> Result<Option<String>, String> {
+        Ok(None)
     }
     /// Its worker processes, for kernels that run in them.
     fn worker_report(&self) -> Option<WorkerReport> {

@@ -45,7 +45,7 @@ impl Program {
         }
     }
 
-    fn source(self) -> &'static str {
+    pub(super) fn source(self) -> &'static str {
         match self {
             Program::Util => include_str!("../../../kernels/util.cu"),
             Program::Naive => include_str!("../../../kernels/naive.cu"),
@@ -96,9 +96,9 @@ fn include_dir() -> Option<String> {
         .find(|p| std::path::Path::new(p).is_dir())
 }
 
-/// The cubin of `program` with `defines` for `arch` (e.g. `sm_90a`): from the disk
-/// cache, or compiled now. `Err` holds NVRTC's log (an environment error).
-pub fn cubin(program: Program, arch: &str, defines: &Defines) -> Result<Vec<u8>, String> {
+/// Where the cubin of `program` with `defines` for `arch` is kept: named by a hash of
+/// the sources, the architecture and the defines, so an edited kernel is compiled anew.
+fn cache_file(program: Program, arch: &str, defines: &Defines) -> Option<PathBuf> {
     let def_text: String = defines.iter().map(|(k, v)| format!("{k}={v};")).collect();
     let key = fnv1a(&[
         COMMON.as_bytes(),
@@ -107,14 +107,24 @@ pub fn cubin(program: Program, arch: &str, defines: &Defines) -> Result<Vec<u8>,
         def_text.as_bytes(),
     ]);
     let stem = program.file().trim_end_matches(".cu");
-    let file = cache_dir().map(|d| d.join(format!("{stem}-{arch}-{key:016x}.cubin")));
-    if let Some(f) = &file {
-        if let Ok(bytes) = std::fs::read(f) {
-            if !bytes.is_empty() {
-                return Ok(bytes);
-            }
-        }
+    cache_dir().map(|d| d.join(format!("{stem}-{arch}-{key:016x}.cubin")))
+}
+
+/// The cubin from the disk cache only (`None` when it was never compiled here): what a
+/// worker's warm-up loads, since compiling a variant no case may need is not a warm-up.
+pub fn cached_cubin(program: Program, arch: &str, defines: &Defines) -> Option<Vec<u8>> {
+    let bytes = std::fs::read(cache_file(program, arch, defines)?).ok()?;
+    (!bytes.is_empty()).then_some(bytes)
+}
+
+/// The cubin of `program` with `defines` for `arch` (e.g. `sm_90a`): from the disk
+/// cache, or compiled now. `Err` holds NVRTC's log (an environment error).
+pub fn cubin(program: Program, arch: &str, defines: &Defines) -> Result<Vec<u8>, String> {
+    if let Some(bytes) = cached_cubin(program, arch, defines) {
+        return Ok(bytes);
     }
+    let def_text: String = defines.iter().map(|(k, v)| format!("{k}={v};")).collect();
+    let file = cache_file(program, arch, defines);
     if !sys::nvrtc_present() {
         return Err(
             "libnvrtc not found (install the CUDA toolkit's NVRTC or add it to LD_LIBRARY_PATH)"

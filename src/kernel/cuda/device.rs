@@ -72,8 +72,36 @@ impl Gpu {
             return Ok(f.clone());
         }
         let bin = compile::cubin(program, &self.arch, defines)?;
+        self.load(key, &bin)
+    }
+
+    /// Loads a function ahead of its first use when its cubin is in the disk cache
+    /// (never compiles): `Ok(true)` when it is loaded now or was already.
+    pub fn preload(
+        &mut self,
+        program: Program,
+        name: &str,
+        defines: &Defines,
+    ) -> Result<bool, String> {
+        let def_key: String = defines.iter().map(|(k, v)| format!("{k}={v};")).collect();
+        let key = (program, name.to_string(), def_key);
+        if self.functions.contains_key(&key) {
+            return Ok(true);
+        }
+        match compile::cached_cubin(program, &self.arch, defines) {
+            Some(bin) => self.load(key, &bin).map(|_| true),
+            None => Ok(false),
+        }
+    }
+
+    fn load(
+        &mut self,
+        key: (Program, String, String),
+        bin: &[u8],
+    ) -> Result<Arc<Function>, String> {
+        let (program, name) = (key.0, key.1.as_str());
         let f = Arc::new(
-            Function::load(&bin, name)
+            Function::load(bin, name)
                 .map_err(|e| format!("loading {name} from kernels/{}: {e}", program.file()))?,
         );
         self.functions.insert(key, f.clone());

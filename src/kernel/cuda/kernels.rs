@@ -447,6 +447,16 @@ impl Kernel for CudaDirect {
         &self.caps
     }
 
+    fn warm_up(&self) -> Result<Option<String>, String> {
+        let w = super::warm_up::warm_up(&self.caps)?;
+        Ok(Some(format!(
+            "warm-up: {} device functions loaded in {:.1} ms ({} not compiled here yet)",
+            w.loaded,
+            w.secs * 1e3,
+            w.not_cached
+        )))
+    }
+
     fn run(&self, case: &Case, out: &mut OutputBuffer) -> Result<RunInfo, RunError> {
         run_variant(self.variant, case, out)
     }

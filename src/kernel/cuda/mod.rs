@@ -27,6 +27,7 @@ pub mod pool;
 pub mod reference;
 pub mod reference_tuning;
 pub mod sys;
+pub mod warm_up;
 
 use super::{Kernel, KernelEntry, OpenError};
 pub use kernels::{CudaDirect, Variant};

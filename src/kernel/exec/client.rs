@@ -81,6 +81,9 @@ pub struct RestartStats {
     pub forked: u64,
     /// Restarts served by a spare life forked ahead.
     pub from_spare: u64,
+    /// Restarted lives that warmed up before their hello, and the seconds they took.
+    pub warm_ups: u64,
+    pub warm_up_secs: f64,
 }
 
 /// A kernel that lives in worker processes.
@@ -220,6 +223,10 @@ impl ExecKernel {
         r.max_secs = r.max_secs.max(secs);
         r.forked += u64::from(slot.source.server.is_some());
         r.from_spare += slot.source.spares_used - spares_before;
+        if let Some(w) = h.warm_up_secs {
+            r.warm_ups += 1;
+            r.warm_up_secs += w;
+        }
         drop(r);
         if !same_contract(&h.capabilities, &self.hello.capabilities) {
             return Err(RunError::Environment(
@@ -482,6 +489,9 @@ impl Kernel for ExecKernel {
 
     fn worker_report(&self) -> Option<crate::kernel::WorkerReport> {
         let r = self.restart_stats();
+        let first: Vec<f64> = self.hellos.iter().filter_map(|h| h.warm_up_secs).collect();
+        let warm_ups = r.warm_ups + first.len() as u64;
+        let warm_up_secs = r.warm_up_secs + first.iter().sum::<f64>();
         Some(crate::kernel::WorkerReport {
             protocol: self.hello.protocol,
             fork_server: self.forked,
@@ -494,6 +504,12 @@ impl Kernel for ExecKernel {
                 0.0
             },
             restarts_from_spare: r.from_spare,
+            warm_ups,
+            warm_up_mean_secs: if warm_ups > 0 {
+                warm_up_secs / warm_ups as f64
+            } else {
+                0.0
+            },
         })
     }
 

@@ -93,8 +93,20 @@ impl ExecConfig {
         c.protocols = protocol::offered_protocols()?;
         c.spare_lives = switch("MQA_FUZZ_EXEC_SPARE")?.unwrap_or(true);
         c.pipeline = switch("MQA_FUZZ_PIPELINE")?.unwrap_or(true);
+        // Read by the workers (they inherit it); a bad value is refused here, once.
+        switch(WARM_UP)?;
         Ok(c)
     }
+}
+
+/// Workers load what their first case needs before they say hello (`off`: they do not;
+/// see [`crate::kernel::Kernel::warm_up`] and `kernels/external/hosted.py`).
+pub const WARM_UP: &str = "MQA_FUZZ_WARM_UP";
+
+/// Whether a worker warms up: on unless `MQA_FUZZ_WARM_UP` says off (a bad value was
+/// refused by the harness that started it; here it counts as on).
+pub fn warm_up_wanted() -> bool {
+    !matches!(switch(WARM_UP), Ok(Some(false)))
 }
 
 /// An on/off variable: `on`/`1` or `off`/`0` (`None` when unset or empty); anything

@@ -84,6 +84,10 @@ pub struct Hello {
     /// carries `judge` (built-in CUDA workers), and answers with a `judgement`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub judges_on_device: bool,
+    /// Optional: seconds the worker spent, before this hello, loading what its first
+    /// case would otherwise load (device modules, a library's first-use code).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm_up_secs: Option<f64>,
 }
 
 impl Hello {

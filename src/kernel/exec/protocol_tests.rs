@@ -112,6 +112,7 @@ fn hello_version_skew_is_an_environment_error() {
         draws_values: false,
         draws_table_tails: false,
         judges_on_device: false,
+        warm_up_secs: Some(0.083),
     };
     let line = WorkerLine::Hello(Box::new(h.clone())).to_line();
     assert_eq!(parse_hello(&line, all).unwrap(), h);

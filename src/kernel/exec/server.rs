@@ -117,6 +117,7 @@ pub fn serve(
         // kernels (`kernels/generate.cu`'s `table_tail`), here for the others.
         draws_table_tails: true,
         judges_on_device: k.device_judge().is_ok(),
+        warm_up_secs: None,
     };
     serve_on(
         k.as_ref(),
@@ -141,6 +142,18 @@ pub fn serve_on(
     let mut out = out;
     let io =
         |e: std::io::Error| Fatal::environment(format!("worker: cannot write its answers: {e}"));
+    let mut hello = hello;
+    if super::config::warm_up_wanted() {
+        let t0 = Instant::now();
+        match k.warm_up() {
+            Ok(Some(_)) => {
+                let own = t0.elapsed().as_secs_f64();
+                hello.warm_up_secs = Some(hello.warm_up_secs.unwrap_or(0.0) + own);
+            }
+            Ok(None) => {}
+            Err(e) => eprintln!("mqa-fuzz worker: warm-up skipped: {e}"),
+        }
+    }
     send(&mut out, &WorkerLine::Hello(Box::new(hello))).map_err(io)?;
     // Requests are read (parsed, and their case read out of the region) by a thread of
     // their own, one ahead: a request sent before the answer to the one running is read
