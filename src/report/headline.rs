@@ -322,37 +322,7 @@ pub fn throughput(r: &Report) -> Vec<String> {
         .kernels
         .iter()
         .filter_map(|k| Some((k, k.worker.as_ref()?)))
-        .map(|(k, w)| {
-            let restarts = match w.restarts {
-                0 => "no restarts".to_string(),
-                n => format!(
-                    "{n} restart{} (mean {:.2} s, max {:.2} s{})",
-                    if n == 1 { "" } else { "s" },
-                    w.restart_mean_secs,
-                    w.restart_max_secs,
-                    match w.restart_retries {
-                        0 => String::new(),
-                        r => format!(", {r} failed attempts retried"),
-                    } + &match w.restarts_from_spare {
-                        0 => String::new(),
-                        s => format!(", {s} into a life started ahead"),
-                    }
-                ),
-            };
-            let fork = if w.fork_server { ", fork server" } else { "" };
-            let warm = match w.warm_ups {
-                0 => String::new(),
-                n => format!(
-                    ", warm-up {:.1} ms a life ({})",
-                    w.warm_up_mean_secs * 1e3,
-                    plural(n, "life", "lives")
-                ),
-            };
-            format!(
-                "{}: protocol {}{fork}, {restarts}{warm}",
-                k.name, w.protocol
-            )
-        })
+        .map(|(k, w)| format!("{}: {}", k.name, super::workers::worker_words(w)))
         .collect();
     if !workers.is_empty() {
         lines.push(format!("workers: {}", workers.join("; ")));
@@ -651,33 +621,6 @@ mod tests {
         assert!(
             lines[1].contains("cuda:tiled runs 40.0 s: harness output buffer (allocate + NaN poison) 30.0 s, kernel's own clock 0.250 s, rest of the call (worker protocol, transfers) 9.8 s"),
             "{lines:?}"
-        );
-    }
-
-    #[test]
-    fn the_workers_line_says_restarts_and_warm_ups() {
-        let mut r = Report::default();
-        r.timings.wall_secs = 10.0;
-        r.kernels.push(crate::report::model::KernelInfo {
-            name: "deepgemm".into(),
-            worker: Some(crate::kernel::WorkerReport {
-                protocol: 2,
-                fork_server: true,
-                restarts: 3,
-                restart_mean_secs: 0.014,
-                restart_max_secs: 0.02,
-                restarts_from_spare: 3,
-                warm_ups: 4,
-                warm_up_mean_secs: 0.0834,
-                ..Default::default()
-            }),
-            ..Default::default()
-        });
-        let lines = throughput(&r);
-        let w = lines.iter().find(|l| l.starts_with("workers: ")).unwrap();
-        assert_eq!(
-            w,
-            "workers: deepgemm: protocol 2, fork server, 3 restarts (mean 0.01 s, max 0.02 s, 3 into a life started ahead), warm-up 83.4 ms a life (4 lives)"
         );
     }
 

@@ -13,6 +13,7 @@ pub mod model;
 pub mod picture;
 mod stats;
 pub mod svg;
+pub mod workers;
 
 pub use fold::{diff, diff_text, merge, missing_shards};
 pub use headline::headline;
