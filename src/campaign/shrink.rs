@@ -106,7 +106,16 @@ pub(super) fn shrink(
             let t0 = Instant::now();
             let (verdict, evidence) = run(&cand);
             cost.record(&cand, t0.elapsed());
-            if keep(&verdict) && size(&cand) <= size(&best.case) {
+            if !keep(&verdict) {
+                // Another failure met on the way: kept once per class and crash reason.
+                if let Some(class) = verdict.primary_class() {
+                    let id = (class, crash_reason(&verdict));
+                    if !seen.contains(&id) {
+                        seen.push(id);
+                        best.others.push((recipe, cand, verdict));
+                    }
+                }
+            } else if size(&cand) <= size(&best.case) {
                 fails = true;
                 best = Shrunk {
                     recipe,
@@ -118,18 +127,11 @@ pub(super) fn shrink(
                     evidence,
                     timed_out: false,
                 };
-            } else if keep(&verdict) {
-                // Simpler to the value tree but a larger case (a production draw's
-                // pinned max_model_len lengthens its longest sequence when the draw's
-                // own shrinks): taken as a pass, so the tree stays at the best case
-                // instead of wandering among cases larger than it.
-            } else if let Some(class) = verdict.primary_class() {
-                let id = (class, crash_reason(&verdict));
-                if !seen.contains(&id) {
-                    seen.push(id);
-                    best.others.push((recipe, cand, verdict));
-                }
             }
+            // Otherwise the failure holds on a case simpler to the value tree but larger
+            // (a production draw's pinned max_model_len lengthens its longest sequence
+            // when the draw's own shrinks): taken as a pass, so the tree stays at the
+            // best case instead of wandering among cases larger than it.
         }
         let more = if fails {
             tree.simplify()
