@@ -1,6 +1,6 @@
 //! Where a case is made and run: the [`Engine`] turns a case number into a draw, a
-//! recipe fitted to the kernels and a case ([`Engine::materialize`]), runs it on every
-//! kernel and judges it ([`Engine::run_case`]); corpus files are judged the same way
+//! recipe fitted to the kernels and a case ([`Engine::draw_case`]), runs it on every
+//! kernel and judges it ([`Engine::judge_drawn`]); corpus files are judged the same way
 //! ([`Engine::judge_file`]). What it returns is what the campaign's events carry.
 
 use super::{value_tree, Config};
@@ -68,6 +68,12 @@ pub(super) struct Generated {
     /// What fitting the draw to the kernels changed.
     pub adjustments: Vec<String>,
     pub generate_secs: f64,
+}
+
+/// A generated case, not yet run.
+pub(super) struct Drawn {
+    pub generated: Generated,
+    pub case: Case,
 }
 
 /// One generated case, run on every kernel.
@@ -158,11 +164,32 @@ impl Engine<'_> {
     }
 
     /// Generates case `k` from its seed, runs it on every kernel and judges it.
+    #[cfg(test)]
     pub fn run_case(&self, k: u64, seed: u64) -> CaseDone {
+        self.judge_drawn(self.draw_case(k, seed))
+    }
+
+    /// Generates case `k` from its seed.
+    pub fn draw_case(&self, k: u64, seed: u64) -> Drawn {
         let t0 = Instant::now();
         let draw = self.draw(k, seed);
         let (recipe, case, adjustments) = self.materialize(&draw);
-        let generate_secs = t0.elapsed().as_secs_f64();
+        Drawn {
+            generated: Generated {
+                k,
+                seed,
+                recipe,
+                adjustments,
+                generate_secs: t0.elapsed().as_secs_f64(),
+            },
+            case,
+        }
+    }
+
+    /// Runs a generated case on every kernel and judges it.
+    pub fn judge_drawn(&self, drawn: Drawn) -> CaseDone {
+        let Drawn { generated, case } = drawn;
+        let (recipe, seed) = (&generated.recipe, generated.seed);
         let judgement = match case.validate() {
             // A generator bug: report it loudly as an environment problem of ours.
             Err(e) => Judgement {
@@ -174,19 +201,13 @@ impl Engine<'_> {
                 reference_secs: 0.0,
             },
             Ok(()) => {
-                let selection = self.verify_for(&recipe).selection(&case, seed);
+                let selection = self.verify_for(recipe).selection(&case, seed);
                 let refs = ReferenceCache::with_selection(&case, selection);
                 self.judge(&case, refs, true)
             }
         };
         CaseDone {
-            generated: Generated {
-                k,
-                seed,
-                recipe,
-                adjustments,
-                generate_secs,
-            },
+            generated,
             case,
             judgement,
         }

@@ -3,7 +3,9 @@
 //! judge, shrink each new finding to a minimal case, save it to the corpus, and write
 //! the report.
 //!
-//! Execution is apart from reporting: worker threads run [`Engine::run_case`]; the
+//! Execution is apart from reporting: worker threads draw cases and run them
+//! ([`Engine::draw_case`], [`Engine::judge_drawn`]), and do not start one they expect to
+//! end past the budget; the
 //! main thread turns each result into an [`event::Event`] consumed by the tally, the
 //! cases log, the finding book (where a finding gets its identity: [`book`]) and the
 //! progress line.
@@ -337,13 +339,26 @@ impl Campaign<'_, '_> {
         let next_k = AtomicU64::new(0);
         let stop = AtomicBool::new(false);
         let started_cases = AtomicU64::new(0);
+        let left_at_deadline = AtomicU64::new(0);
         let deadline = self.deadline;
         let engine = self.engine;
         std::thread::scope(|scope| {
             let (tx, rx) = mpsc::channel::<engine::CaseDone>();
             for _ in 0..jobs {
-                let (tx, next_k, started_cases, stop) =
-                    (tx.clone(), &next_k, &started_cases, &stop);
+                let (tx, next_k, started_cases, stop, left_at_deadline) = (
+                    tx.clone(),
+                    &next_k,
+                    &started_cases,
+                    &stop,
+                    &left_at_deadline,
+                );
+                // This job's guess of a case's time, from its last case's time per unit
+                // of work, at most 1.5 times its longest case so far (a per-case
+                // overhead makes small cases look costly per unit): a case drawn near
+                // the budget's end that would end well past it is not run (on a mixed
+                // CPU/GPU campaign, a full-size production case on the CPU kernel takes
+                // tens of seconds).
+                let mut cost = crate::finding::RunCost::default();
                 scope.spawn(move || loop {
                     if interrupt::requested()
                         || stop.load(Ordering::SeqCst)
@@ -357,7 +372,14 @@ impl Campaign<'_, '_> {
                         }
                     }
                     let k = next_k.fetch_add(1, Ordering::SeqCst) * shard_count + shard_index;
-                    let r = engine.run_case(k, case_seed(cfg.seed, k));
+                    let drawn = engine.draw_case(k, case_seed(cfg.seed, k));
+                    let t0 = Instant::now();
+                    if deadline.is_some_and(|d| !worth_starting(&cost, &drawn.case, t0, d)) {
+                        left_at_deadline.fetch_add(1, Ordering::SeqCst);
+                        break;
+                    }
+                    let r = engine.judge_drawn(drawn);
+                    cost.record(&r.case, t0.elapsed());
                     let broken = r.judgement.environment_error.is_some();
                     if tx.send(r).is_err() || broken {
                         break;
@@ -383,7 +405,24 @@ impl Campaign<'_, '_> {
                 }
             }
         });
+        self.tally.counts.cases_left_at_deadline += left_at_deadline.into_inner();
     }
+}
+
+/// Whether `case`, drawn at `now`, should run before `deadline`: its guessed time (from
+/// `cost`, the job's last case's time per unit of work, at most 1.5 times its longest
+/// case so far) ends before the deadline, or past it by at most a second or a tenth of
+/// the guess (a guess is rough; a case that overruns a little is worth more than an
+/// idle end). A job with no case behind it starts one.
+fn worth_starting(
+    cost: &crate::finding::RunCost,
+    case: &crate::case::Case,
+    now: Instant,
+    deadline: Instant,
+) -> bool {
+    let guess = cost.guess(case).min(cost.longest().mul_f64(1.5));
+    let slack = Duration::from_secs(1).max(guess / 10);
+    now + guess <= deadline + slack
 }
 
 /// `(index, count)` of the campaign's shard (`(0, 1)` unsharded).
@@ -391,4 +430,35 @@ fn shard_of(cfg: &Config) -> (u64, u64) {
     cfg.shard
         .map(|s| (s.index as u64, s.count as u64))
         .unwrap_or((0, 1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::finding::RunCost;
+
+    #[test]
+    fn a_case_expected_to_end_past_the_deadline_is_not_started() {
+        let small = crate::generate::Recipe::small(vec![300, 17], 2, 1).materialize();
+        let big = crate::generate::Recipe::small(vec![30_000, 17_000], 2, 1).materialize();
+        let now = Instant::now();
+        let s = Duration::from_secs;
+        // Nothing run yet: no guess, start.
+        assert!(worth_starting(&RunCost::default(), &big, now, now));
+        let mut cost = RunCost::default();
+        cost.record(&small, s(10));
+        // The same case again: 10 s, with 12 s left yes, with 5 s left no, with 9.5 s
+        // left yes (it overruns by the slack at most).
+        assert!(worth_starting(&cost, &small, now, now + s(12)));
+        assert!(!worth_starting(&cost, &small, now, now + s(5)));
+        assert!(worth_starting(
+            &cost,
+            &small,
+            now,
+            now + Duration::from_millis(9_500)
+        ));
+        // A case a hundred times the work: guessed at most 1.5 x the longest (15 s).
+        assert!(worth_starting(&cost, &big, now, now + s(14)));
+        assert!(!worth_starting(&cost, &big, now, now + s(12)));
+    }
 }

@@ -172,10 +172,14 @@ pub(super) fn cmd_run(args: RunArgs) -> Result<i32, Fatal> {
 
 fn print_summary(r: &crate::report::Report, dir: &std::path::Path) {
     crate::outln!(
-        "{} case(s) generated, {} replayed from the corpus, {:.1}s{}",
+        "{} case(s) generated, {} replayed from the corpus, {:.1}s{}{}",
         r.counts.cases_generated,
         r.counts.cases_replayed,
         r.timings.wall_secs,
+        match r.counts.cases_left_at_deadline {
+            0 => String::new(),
+            n => format!(" ({n} more drawn but not run: expected to end past the budget)"),
+        },
         if r.interrupted { " (interrupted)" } else { "" }
     );
     crate::outln!("{}", crate::report::headline(r));

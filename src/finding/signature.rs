@@ -180,7 +180,7 @@ impl RunCost {
             + 1.0
     }
 
-    /// The time a shrink or ablation run judging `c` took.
+    /// The time a run judging `c` took (a shrink or ablation run, a generated case).
     pub fn record(&mut self, c: &Case, took: Duration) {
         self.calibrate(c, took);
         self.longest_secs = self.longest_secs.max(took.as_secs_f64());
@@ -192,7 +192,7 @@ impl RunCost {
         self.secs_per_work = took.as_secs_f64() / Self::work(c);
     }
 
-    /// The longest shrink or ablation run recorded.
+    /// The longest run recorded.
     pub fn longest(&self) -> Duration {
         Duration::from_secs_f64(self.longest_secs)
     }

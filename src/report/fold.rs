@@ -134,6 +134,10 @@ pub fn merge(reports: &[Report]) -> Report {
         add(&mut m.counts.cases_replayed, r.counts.cases_replayed);
         add(&mut m.counts.cases_generated, r.counts.cases_generated);
         add(&mut m.counts.cases_skipped, r.counts.cases_skipped);
+        add(
+            &mut m.counts.cases_left_at_deadline,
+            r.counts.cases_left_at_deadline,
+        );
         add_map(&mut m.counts.skip_reasons, &r.counts.skip_reasons);
         for (name, k) in &r.per_kernel {
             *m.per_kernel.entry(name.clone()).or_default() += k;

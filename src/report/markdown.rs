@@ -57,12 +57,16 @@ pub fn summary_md(r: &Report) -> String {
     };
     let _ = writeln!(
         s,
-        "Profile `{}`, seed {}{shard}; {} cases generated, {} replayed, {} skipped; {:.1} s wall{}.\n",
+        "Profile `{}`, seed {}{shard}; {} cases generated, {} replayed, {} skipped{}; {:.1} s wall{}.\n",
         r.profile,
         r.seed,
         group(r.counts.cases_generated),
         group(r.counts.cases_replayed),
         group(r.counts.cases_skipped),
+        match r.counts.cases_left_at_deadline {
+            0 => String::new(),
+            n => format!(", {} left unrun at the budget's end", group(n)),
+        },
         r.timings.wall_secs,
         if r.interrupted { ", INTERRUPTED" } else { "" }
     );

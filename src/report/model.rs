@@ -84,6 +84,9 @@ pub struct Counts {
     /// Cases no kernel could run (outside every kernel's capabilities).
     pub cases_skipped: u64,
     pub skip_reasons: BTreeMap<String, u64>,
+    /// Cases drawn near the budget's end and not run: each was expected to end past
+    /// the budget (from its job's last case's time per unit of work).
+    pub cases_left_at_deadline: u64,
 }
 
 /// What one kernel did over the campaign.
