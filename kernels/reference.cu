@@ -124,6 +124,15 @@
 #ifndef KPF
 #define KPF 0
 #endif
+// NB n-tiles per accumulator pass of the integer path (ONT a multiple of it): fewer hold
+// fewer accumulator registers (5 * 4 * NB), so more CTAs fit an SM, at the cost of loading
+// each query fragment ONT / NB times.
+#ifndef NB
+#define NB ONT
+#endif
+#if ONT % NB != 0
+#error "NB divides ONT"
+#endif
 #if KPF && (!IMMA || KPT % 16 != 0)
 #error "KPF (keys copied ahead) is a form of the integer path, D a multiple of 64"
 #endif
@@ -525,43 +534,48 @@ extern "C" __global__ void __launch_bounds__(OWARPS * 32, OMINB) reference_f64(c
                     for (int mt = 0; mt < H / 8; mt += MTG) {
 #if IMMA
                         double* st = st0;
-                        // acc[i + j][n]: sum of limb-i queries times limb-j keys.
-                        int acc[5][ONT][4];
+                        // NB n-tiles per pass: acc[i + j][n] sums limb-i queries times limb-j
+                        // keys of n-tile n0 + n (fewer passes reload fewer query fragments,
+                        // more hold more accumulators).
 #pragma unroll
-                        for (int i = 0; i < 5; i++)
+                        for (int n0 = 0; n0 < ONT; n0 += NB) {
+                            int acc[5][NB][4];
 #pragma unroll
-                            for (int n = 0; n < ONT; n++) acc[i][n][0] = acc[i][n][1] = acc[i][n][2] = acc[i][n][3] = 0;
+                            for (int i = 0; i < 5; i++)
 #pragma unroll
-                        for (int s = 0; s < KPT / 8; s++) {
-                            u32 a[3][4];
+                                for (int n = 0; n < NB; n++) acc[i][n][0] = acc[i][n][1] = acc[i][n][2] = acc[i][n][3] = 0;
 #pragma unroll
-                            for (int i = 0; i < 3; i++) {
-                                const uint4 f = ((const uint4*)qb)[QFRAG(ii, mt / 2, i, s, lane)];
-                                a[i][0] = f.x; a[i][1] = f.y; a[i][2] = f.z; a[i][3] = f.w;
+                            for (int s = 0; s < KPT / 8; s++) {
+                                u32 a[3][4];
+#pragma unroll
+                                for (int i = 0; i < 3; i++) {
+                                    const uint4 f = ((const uint4*)qb)[QFRAG(ii, mt / 2, i, s, lane)];
+                                    a[i][0] = f.x; a[i][1] = f.y; a[i][2] = f.z; a[i][3] = f.w;
+                                }
+#pragma unroll
+                                for (int q = 0; q < 9; q++) {
+                                    const int i = (LIMB_I >> (4 * q)) & 0xF, j = (LIMB_J >> (4 * q)) & 0xF;
+#pragma unroll
+                                    for (int n = 0; n < NB; n++) imma(acc[i + j][n], a[i], kb[n0 + n][s][j]);
+                                }
                             }
-#pragma unroll
-                            for (int q = 0; q < 9; q++) {
-                                const int i = (LIMB_I >> (4 * q)) & 0xF, j = (LIMB_J >> (4 * q)) & 0xF;
-#pragma unroll
-                                for (int n = 0; n < ONT; n++) imma(acc[i + j][n], a[i], kb[n][s][j]);
-                            }
-                        }
 #if KPF
-                        if (pf_pending) {  // the table ids have had the MMAs' time to arrive
-                            pf_copy(cn);
-                            pf_pending = false;
-                        }
-#endif
-                        // acc[.][n][x]: head mt*8 + g (x = 0, 1) or + 8 (x = 2, 3), token
-                        // n*8 + 2*t4 + (x & 1).
-#pragma unroll
-                        for (int n = 0; n < ONT; n++)
-#pragma unroll
-                            for (int x = 0; x < 4; x++) {
-                                const int t01 = acc[0][n][x] + acc[1][n][x] * 128;
-                                const int t234 = acc[2][n][x] + acc[3][n][x] * 128 + acc[4][n][x] * 16384;
-                                st[(n * 8 + 2 * t4 + (x & 1)) * SROW + (x >> 1) * 8 + g] = exact_int_dot(t01, t234);
+                            if (pf_pending) {  // the table ids have had the MMAs' time to arrive
+                                pf_copy(cn);
+                                pf_pending = false;
                             }
+#endif
+                            // acc[.][n][x]: head mt*8 + g (x = 0, 1) or + 8 (x = 2, 3), token
+                            // (n0 + n)*8 + 2*t4 + (x & 1).
+#pragma unroll
+                            for (int n = 0; n < NB; n++)
+#pragma unroll
+                                for (int x = 0; x < 4; x++) {
+                                    const int t01 = acc[0][n][x] + acc[1][n][x] * 128;
+                                    const int t234 = acc[2][n][x] + acc[3][n][x] * 128 + acc[4][n][x] * 16384;
+                                    st[((n0 + n) * 8 + 2 * t4 + (x & 1)) * SROW + (x >> 1) * 8 + g] = exact_int_dot(t01, t234);
+                                }
+                        }
                         __syncwarp();
 #if !PIPE
                         combine(st, mt);

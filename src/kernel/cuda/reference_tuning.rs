@@ -51,6 +51,10 @@ pub struct ReferenceTuning {
     /// (`cp.async`) while it computes this one, its table ids loaded a step earlier:
     /// the warp no longer waits on two dependent global loads at each chunk. D 64 or 128.
     pub prefetch_keys: bool,
+    /// n-tiles per accumulator pass on the integer path (divides `token_tiles`; 0: all
+    /// of them): fewer hold fewer accumulator registers, so more CTAs fit an SM, for
+    /// more loads of each query fragment.
+    pub acc_tiles: usize,
 }
 
 impl ReferenceTuning {
@@ -95,7 +99,7 @@ impl ReferenceTuning {
     /// CPU: the defaults, and the variants that show what each define is worth (every
     /// code path of `reference.cu` is in at least one). Earlier measured variants are in
     /// BENCHMARKS.md.
-    pub const ALL: [ReferenceTuning; 21] = [
+    pub const ALL: [ReferenceTuning; 24] = [
         ReferenceTuning::PLAIN,
         ReferenceTuning::new(true, 1, 3, false, false),
         ReferenceTuning::new(false, 2, 3, false, false),
@@ -115,6 +119,9 @@ impl ReferenceTuning {
         ReferenceTuning::INT8_AHEAD,
         ReferenceTuning::INT8_AHEAD.chunks(4),
         ReferenceTuning::INT8_AHEAD.chunks(16),
+        ReferenceTuning::INT8_AHEAD.acc_tiles(2),
+        ReferenceTuning::INT8_AHEAD.acc_tiles(2).ctas(3),
+        ReferenceTuning::INT8_AHEAD.acc_tiles(1).ctas(3),
         ReferenceTuning::int8(3, 2),
         ReferenceTuning::int8(4, 2),
     ];
@@ -140,6 +147,7 @@ impl ReferenceTuning {
             padded_stage: false,
             int_mma: false,
             prefetch_keys: false,
+            acc_tiles: 0,
         }
     }
 
@@ -204,10 +212,30 @@ impl ReferenceTuning {
         }
     }
 
+    const fn acc_tiles(self, acc_tiles: usize) -> Self {
+        ReferenceTuning { acc_tiles, ..self }
+    }
+
+    const fn ctas(self, ctas_per_sm: usize) -> Self {
+        ReferenceTuning {
+            ctas_per_sm,
+            ..self
+        }
+    }
+
     const fn chunks(self, chunks_per_cta: usize) -> Self {
         ReferenceTuning {
             chunks_per_cta,
             ..self
+        }
+    }
+
+    /// n-tiles per accumulator pass (the kernel's `NB`).
+    fn passes_tiles(self) -> usize {
+        if self.acc_tiles == 0 {
+            self.token_tiles
+        } else {
+            self.acc_tiles
         }
     }
 
@@ -273,6 +301,8 @@ impl ReferenceTuning {
         let wide_ok = !self.wide_mma || (self.vector_loads && self.head_tiles == 2);
         let queries_ok = !(self.f64_queries && self.hi_word_queries);
         let prefetch_ok = !self.prefetch_keys || self.int_mma;
+        let passes_ok = self.acc_tiles == 0
+            || (self.int_mma && self.token_tiles.is_multiple_of(self.acc_tiles));
         let int_ok = !self.int_mma
             || (self.head_tiles == 2
                 && !(self.f64_queries
@@ -287,6 +317,7 @@ impl ReferenceTuning {
                 && matches!(shape.head_dim, 64 | 128));
         vector_ok
             && prefetch_ok
+            && passes_ok
             && wide_ok
             && queries_ok
             && int_ok
@@ -296,7 +327,7 @@ impl ReferenceTuning {
 
     pub fn label(self) -> String {
         format!(
-            "{} queries, {} head tile{}, {} CTAs/SM{}{}{}{}{}{}{}{}{}",
+            "{} queries, {} head tile{}, {} CTAs/SM{}{}{}{}{}{}{}{}{}{}",
             if self.int_mma {
                 "limb"
             } else if self.f64_queries {
@@ -344,6 +375,11 @@ impl ReferenceTuning {
                 ", keys copied ahead"
             } else {
                 ""
+            },
+            if self.acc_tiles == 0 {
+                String::new()
+            } else {
+                format!(", {} n-tiles per pass", self.acc_tiles)
             }
         )
     }
@@ -363,6 +399,7 @@ impl ReferenceTuning {
             ("SPAD".into(), (self.padded_stage as u8).to_string()),
             ("IMMA".into(), (self.int_mma as u8).to_string()),
             ("KPF".into(), (self.prefetch_keys as u8).to_string()),
+            ("NB".into(), self.passes_tiles().to_string()),
         ]
     }
 }
