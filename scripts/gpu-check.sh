@@ -66,8 +66,8 @@
 # Output: every check prints what it finds; logs, reports and saved cases go under $OUT
 # (default: a new temporary directory, printed). Knobs: CASES, REFERENCE_CASES, GENERATOR_CASES, JUDGE_CASES, PROFILE,
 # RUN_BUDGET, BUG_BUDGET (quick); BUDGET, SEED, OLD_BIN (production); KERNELS (deepgemm);
-# BUDGET, SEED, OLD_BIN, OLD_ADAPTERS, PROFILES, TILED_BUDGET (0: none), TILED_PROFILES, TILED_ARGS
-# (speed; session 11's device-path comparison: PROFILES=none TILED_BUDGET=30 SEED=11
+# BUDGET, SEED, OLD_BIN, OLD_ADAPTERS, PROFILES, TILED_BUDGET (0: none), TILED_PROFILES, TILED_ARGS,
+# HOST_BENCH (0: no `bench judge`/`bench host`) (speed; session 11's device-path comparison: PROFILES=none TILED_BUDGET=30 SEED=11
 # TILED_PROFILES="production all" TILED_ARGS="--repeat 1 --batch-invariance off");
 # TORCH=0 skips the torch campaigns.
 set -u
@@ -384,8 +384,11 @@ check_speed() {
             campaign "speed-new-tiled-$p" --kernel cuda:tiled --profile "$p" --budget "$tt" --seed "$seed" ${TILED_ARGS:-}
         done
     fi
-    "$B" bench judge 2>&1 | tee "$W/logs/bench-judge.log"
-    "$B" bench host 2>&1 | tee "$W/logs/bench-host.log"
+    # HOST_BENCH=0: skip the host benches (a call short of time).
+    if [ "${HOST_BENCH:-1}" != 0 ]; then
+        "$B" bench judge 2>&1 | tee "$W/logs/bench-judge.log"
+        "$B" bench host 2>&1 | tee "$W/logs/bench-host.log"
+    fi
     python3 - "$W"/r/speed-* <<'PY'
 import json, os, statistics, sys
 for d in sys.argv[1:]:
