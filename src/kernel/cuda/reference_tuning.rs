@@ -99,7 +99,7 @@ impl ReferenceTuning {
     /// CPU: the defaults, and the variants that show what each define is worth (every
     /// code path of `reference.cu` is in at least one). Earlier measured variants are in
     /// BENCHMARKS.md.
-    pub const ALL: [ReferenceTuning; 24] = [
+    pub const ALL: [ReferenceTuning; 26] = [
         ReferenceTuning::PLAIN,
         ReferenceTuning::new(true, 1, 3, false, false),
         ReferenceTuning::new(false, 2, 3, false, false),
@@ -122,6 +122,8 @@ impl ReferenceTuning {
         ReferenceTuning::INT8_AHEAD.acc_tiles(2),
         ReferenceTuning::INT8_AHEAD.acc_tiles(2).ctas(3),
         ReferenceTuning::INT8_AHEAD.acc_tiles(1).ctas(3),
+        ReferenceTuning::INT8_AHEAD.acc_tiles(2).ctas(3).chunks(16),
+        ReferenceTuning::INT8.acc_tiles(2).ctas(3),
         ReferenceTuning::int8(3, 2),
         ReferenceTuning::int8(4, 2),
     ];
