@@ -44,6 +44,8 @@
 //           scales into shared memory (cp.async) while it computes this chunk, the
 //           table ids loaded a chunk ahead: no warp waits on two dependent global loads
 //           at each chunk (ncu: "long scoreboard" stalls from 16% to 5% of the samples).
+//   NB      (with IMMA) n-tiles per accumulator pass, ONT by default: fewer accumulator
+//           registers (5 * 4 * NB), so three CTAs fit an SM, for more query fragment loads.
 //
 // Integer dots (IMMA=1). An fp8 value times 2^9 (fn) or 2^10 (fnuz) is an integer v,
 // |v| < 2^18. Split |v| into 7-bit limbs (bits 0-6, 7-13, 14-17), each carrying v's

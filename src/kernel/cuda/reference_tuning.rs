@@ -232,15 +232,6 @@ impl ReferenceTuning {
         }
     }
 
-    /// n-tiles per accumulator pass (the kernel's `NB`).
-    fn passes_tiles(self) -> usize {
-        if self.acc_tiles == 0 {
-            self.token_tiles
-        } else {
-            self.acc_tiles
-        }
-    }
-
     /// Whether a GPU of compute capability `major`.x has the instructions it uses.
     pub fn runs_on(self, major: u32) -> bool {
         (!self.wide_mma || major >= 9) && (!self.int_mma || major >= 8)
@@ -381,13 +372,17 @@ impl ReferenceTuning {
             if self.acc_tiles == 0 {
                 String::new()
             } else {
-                format!(", {} n-tiles per pass", self.acc_tiles)
+                format!(
+                    ", {} n-tile{} per pass",
+                    self.acc_tiles,
+                    if self.acc_tiles == 1 { "" } else { "s" }
+                )
             }
         )
     }
 
     pub fn defines(self, head_dim: usize) -> Defines {
-        vec![
+        let mut defines: Defines = vec![
             ("DD".into(), head_dim.to_string()),
             ("QF64".into(), (self.f64_queries as u8).to_string()),
             ("MTG".into(), self.head_tiles.to_string()),
@@ -401,8 +396,12 @@ impl ReferenceTuning {
             ("SPAD".into(), (self.padded_stage as u8).to_string()),
             ("IMMA".into(), (self.int_mma as u8).to_string()),
             ("KPF".into(), (self.prefetch_keys as u8).to_string()),
-            ("NB".into(), self.passes_tiles().to_string()),
-        ]
+        ];
+        // Unset, the kernel takes every n-tile in one pass (NB = ONT).
+        if self.acc_tiles != 0 {
+            defines.push(("NB".into(), self.acc_tiles.to_string()));
+        }
+        defines
     }
 }
 
