@@ -75,18 +75,24 @@ impl ReferenceTuning {
     pub const INT8: ReferenceTuning = ReferenceTuning::int8(2, 4);
     /// [`Self::INT8`] with each warp's next chunk of keys copied ahead (D 64 or 128).
     pub const INT8_AHEAD: ReferenceTuning = ReferenceTuning::INT8.prefetched();
+    /// [`Self::INT8_AHEAD`] accumulating two n-tiles of 8 tokens per pass over the limbs,
+    /// not all four at once: 40 accumulator registers a warp instead of 80 (221
+    /// registers in all, 244 before), the default on sm_80 and newer.
+    pub const INT8_AHEAD_SPLIT: ReferenceTuning = ReferenceTuning::INT8_AHEAD.acc_tiles(2);
     /// The default before sm_90 (m8n8k4 only): high words, padded stage, float4 loads.
     pub const NARROW: ReferenceTuning = ReferenceTuning::VECTOR.hi_words().hi_keys().padded();
 
-    /// Fastest first, as measured on the H200 (BENCHMARKS.md, sessions 3, 17 and 19):
-    /// [`Self::INT8_AHEAD`] takes the production case to 1.080 ms, [`Self::INT8`] to
-    /// 1.154 ms (1.267 ms before its query limbs sat in fragment order), from 1.649 ms
-    /// ([`Self::WIDE`], the f64 MMAs at ~62% of the FP64 tensor peak); on the two small
-    /// cases the copy ahead costs 2-3 µs (0.037/0.059 against 0.035/0.056 ms), which
-    /// campaigns' production-size cases repay many times. [`Self::WIDE`] had taken the
-    /// production case from 3.22 ms ([`Self::VECTOR`]); [`Self::NARROW`] (2.51 ms) is the
-    /// best without an integer or m16n8k16 MMA; the plain kernel takes every other shape.
-    pub const PREFERRED: [ReferenceTuning; 6] = [
+    /// Fastest first, as measured on the H200 (BENCHMARKS.md, sessions 3, 17, 19 and 23):
+    /// [`Self::INT8_AHEAD_SPLIT`] takes the production case to 1.088 ms against 1.149-1.151
+    /// ms for [`Self::INT8_AHEAD`] in the same call (1.071-1.081 ms on session 19's
+    /// machine), and is as fast or faster on the two small cases (0.039/0.060 against
+    /// 0.039/0.062 ms); [`Self::INT8`] takes it to 1.154-1.176 ms (1.267 ms before its
+    /// query limbs sat in fragment order), from 1.649 ms ([`Self::WIDE`], the f64 MMAs at
+    /// ~62% of the FP64 tensor peak). [`Self::WIDE`] had taken the production case from
+    /// 3.22 ms ([`Self::VECTOR`]); [`Self::NARROW`] (2.51 ms) is the best without an
+    /// integer or m16n8k16 MMA; the plain kernel takes every other shape.
+    pub const PREFERRED: [ReferenceTuning; 7] = [
+        ReferenceTuning::INT8_AHEAD_SPLIT,
         ReferenceTuning::INT8_AHEAD,
         ReferenceTuning::INT8,
         ReferenceTuning::WIDE,
@@ -119,7 +125,7 @@ impl ReferenceTuning {
         ReferenceTuning::INT8_AHEAD,
         ReferenceTuning::INT8_AHEAD.chunks(4),
         ReferenceTuning::INT8_AHEAD.chunks(16),
-        ReferenceTuning::INT8_AHEAD.acc_tiles(2),
+        ReferenceTuning::INT8_AHEAD_SPLIT,
         ReferenceTuning::INT8_AHEAD.acc_tiles(2).ctas(3),
         ReferenceTuning::INT8_AHEAD.acc_tiles(1).ctas(3),
         ReferenceTuning::INT8_AHEAD.acc_tiles(2).ctas(3).chunks(16),
@@ -427,7 +433,7 @@ mod tests {
     /// a tuning that fits and runs on the device.
     #[test]
     fn default_tuning_fits_and_runs() {
-        let (int8, narrow) = (ReferenceTuning::INT8_AHEAD, ReferenceTuning::NARROW);
+        let (int8, narrow) = (ReferenceTuning::INT8_AHEAD_SPLIT, ReferenceTuning::NARROW);
         assert_eq!(ReferenceTuning::for_shape(&shape(64, 128, 2), 9), int8);
         assert_eq!(ReferenceTuning::for_shape(&shape(64, 128, 2), 8), int8);
         assert_eq!(ReferenceTuning::for_shape(&shape(64, 128, 2), 7), narrow);
