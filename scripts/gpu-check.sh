@@ -34,7 +34,7 @@
 #                                        (200), each bug its own finding with trigger and tier
 # speed       ~2 min build + WARMUP      real-kernel speed, the old binary (OLD_BIN, default ./mqa-fuzz-old,
 #             (45 s) + 4 x BUDGET (100 s) with its adapters in OLD_ADAPTERS) beside this one on the same
-#                                        seeds (DG_ARGS, WARM_UP_AB, STEADY: see check_speed):
+#                                        seeds (DG_ARGS, WARM_UP_AB, STEADY, DG_WORKERS: see check_speed):
 #                                        DeepGEMM over PROFILES (all production; none: skip
 #                                        DeepGEMM), and cuda:tiled (an isolated worker) over TILED_PROFILES
 #                                        (all), DeepGEMM's JIT warmed first (scripts/gpu/deepgemm_jit.py,
@@ -369,6 +369,12 @@ check_speed() {
             campaign "speed-nowarm-dg-$p" --kernel deepgemm --profile "$p" --budget "$t" --seed "$seed" ${DG_ARGS:-}
         # shellcheck disable=SC2086
         campaign "speed-new-dg-$p" --kernel deepgemm --profile "$p" --budget "$t" --seed "$seed" ${DG_ARGS:-}
+        # DG_WORKERS="2 3": this binary again with that many DeepGEMM workers sharing the GPU
+        # (MQA_FUZZ_EXEC_WORKERS), each serving its own cases.
+        for w in ${DG_WORKERS:-}; do
+            # shellcheck disable=SC2086
+            MQA_FUZZ_EXEC_WORKERS=$w campaign "speed-w$w-dg-$p" --kernel deepgemm --profile "$p" --budget "$t" --seed "$seed" ${DG_ARGS:-}
+        done
         # shellcheck disable=SC2086
         [ "${STEADY:-0}" = 1 ] && CORPUS_OF="speed-new-dg-$p" \
             campaign "speed-steady-dg-$p" --kernel deepgemm --profile "$p" --budget "$t" --seed "$((seed + 1))" ${DG_ARGS:-}
@@ -415,6 +421,25 @@ for d in sys.argv[1:]:
                     first[p.replace(" [first case of a worker]", "")] = first.get(p.replace(" [first case of a worker]", ""), 0) + v
     except OSError:
         pass
+    # Where the campaign's time went, summed over its cases: top-level steps and the
+    # phases each run reports (harness and worker), largest first.
+    steps, phases, runs = {}, {}, 0
+    try:
+        for line in open(os.path.join(d, "timings.jsonl")):
+            rec = json.loads(line)
+            for key, val in rec.items():
+                if key.endswith("_ms") and isinstance(val, (int, float)):
+                    steps[key] = steps.get(key, 0) + val
+            for run in rec.get("runs", []):
+                runs += 1
+                steps["run_ms"] = steps.get("run_ms", 0) + run.get("run_ms", 0)
+                for p, v in run["phases_ms"].items():
+                    p = p.replace(" [first case of a worker]", "")
+                    phases[p] = phases.get(p, 0) + v
+    except OSError:
+        pass
+    print(f"   {os.path.basename(d)} summed over {runs} runs (s): " + ", ".join(f"{k} {v / 1e3:.1f}" for k, v in sorted(steps.items(), key=lambda x: -x[1])))
+    print("   phases (s): " + ", ".join(f"{p} {v / 1e3:.1f}" for p, v in sorted(phases.items(), key=lambda x: -x[1])[:12]))
     top = ", ".join(f"{p} {v / max(firsts, 1):.1f}" for p, v in sorted(first.items(), key=lambda x: -x[1])[:6])
     print(f"{os.path.basename(d)}: {n} cases in {w:.0f} s = {n / max(w, 1e-9):.2f} cases/s; "
           f"kernel clock {k.get('kernel_secs', 0):.1f} s, runs {k.get('run_wall_secs', 0):.1f} s, "

@@ -160,7 +160,15 @@ impl ExecKernel {
             all_v2 = all_v2 && slot.protocol >= 2;
             slots.push(Mutex::new(slot));
         }
-        let hello = hello.expect("at least one worker");
+        let mut hello = hello.expect("at least one worker");
+        // Workers on one device split its memory: each declared its share of what was
+        // free when it started, which the others will take too.
+        let sharing = workers_per_device(&config.worker_envs);
+        if sharing > 1 {
+            if let Some(m) = hello.capabilities.max_kv_bytes.as_mut() {
+                *m /= sharing as u64;
+            }
+        }
         // Device-judged requests queue behind busy workers (see `lanes`).
         let pipelined = all_v2 && hello.judges_on_device && config.pipeline;
         Ok(ExecKernel {
@@ -406,6 +414,21 @@ fn start_worker(
     }
 }
 
+/// The most workers of a pool that share one device: those pinned to the same device
+/// (`MQA_FUZZ_WORKER_DEVICE`, set by [`device_env`]), and those pinned to none, which all
+/// see the default one.
+fn workers_per_device(envs: &[Vec<(String, String)>]) -> usize {
+    let mut count: std::collections::HashMap<Option<&str>, usize> = Default::default();
+    for env in envs {
+        let device = env
+            .iter()
+            .find(|(k, _)| k == "MQA_FUZZ_WORKER_DEVICE")
+            .map(|(_, v)| v.as_str());
+        *count.entry(device).or_default() += 1;
+    }
+    count.into_values().max().unwrap_or(1)
+}
+
 fn make_temp_dir() -> Result<PathBuf, RunError> {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let base = std::env::var_os("MQA_FUZZ_EXEC_TMPDIR")
@@ -574,6 +597,16 @@ mod tests {
     use super::same_contract;
     use crate::case::ScalePlacement;
     use crate::kernel::Capabilities;
+
+    #[test]
+    fn workers_on_one_device_are_counted_together() {
+        use super::{device_env, workers_per_device};
+        assert_eq!(workers_per_device(&[]), 1);
+        assert_eq!(workers_per_device(&[Vec::new(), Vec::new(), Vec::new()]), 3);
+        assert_eq!(workers_per_device(&[device_env("0"), device_env("1")]), 1);
+        let two_on_0 = [device_env("0"), device_env("1"), device_env("0")];
+        assert_eq!(workers_per_device(&two_on_0), 2);
+    }
 
     #[test]
     fn a_restart_may_see_other_free_memory_but_not_another_contract() {
