@@ -64,6 +64,9 @@
 // integer: its limbs are 0 and a flag says NaN. A NaN query sets its head's weight
 // to NaN, a NaN key sets its token's sums to NaN: every head term is NaN then, exactly
 // as a NaN dot makes it in the f64 path (w * relu(NaN) and NaN * relu(x) are both NaN).
+// So an integer dot is never NaN, and when the scale comes after the head sum its ReLU
+// is taken on the integer as it becomes a double (exact_int_dot): the head sum is then
+// one multiply and two adds a term, no FP64 compare.
 
 #ifndef DD
 #define DD 128
@@ -150,6 +153,8 @@
 // Word w of the fragment: a[0] head g dims +0..3, a[1] head g+8 dims +0..3, a[2] head g
 // dims +4..7, a[3] head g+8 dims +4..7.
 #define KSTEPS (DD / 32)
+// Query words each thread loads at once when it decodes the queries.
+#define QLOADS 16
 #define QFRAG(ii, u, j, s, L) (((((ii) * (H / 16) + (u)) * 3 + (j)) * KSTEPS + (s)) * 32 + (L))
 #endif
 #define SHEADS (8 * MTG)
@@ -247,9 +252,16 @@ __device__ __forceinline__ u32 split_key16(const u32* ltab, uint4 w, u32 (*kbn)[
 // every product and sum of the head sum is scaled by the same power of two, and none
 // comes near f64's subnormals or overflow (|dot| < 2^44, the f32 weight and scale
 // within 2^+-149: every nonzero term is above 2^-320, below 2^220).
-__device__ __forceinline__ double exact_int_dot(int t01, int t234) {
+// relu_mask -1: the ReLU is taken here, on the integer (the scale comes after the head
+// sum, so relu(dot) is the dot's own ReLU: a negative integer becomes +0.0, as
+// relu_keep_nan_d makes it; an integer dot is never NaN), which spares the head sum an
+// FP64 compare and two selects a term. 0: the dot as it is. The bias's low word is zero,
+// so it is added to the high word alone.
+__device__ __forceinline__ double exact_int_dot(int t01, int t234, int relu_mask) {
     const i64 t = ((i64)t234 << 14) + (i64)t01;
-    return __dsub_rn(__longlong_as_double(t + 0x4338000000000000LL), 6755399441055744.0);
+    const int hi = (int)(t >> 32), lo = (int)t;
+    const int drop = (hi >> 31) & relu_mask;
+    return __dsub_rn(__hiloint2double((hi & ~drop) + 0x43380000, lo & ~drop), 6755399441055744.0);
 }
 
 // The order of the nine limb products (i, j) of a k-step, as nibbles: the MMAs into
@@ -304,6 +316,7 @@ extern "C" __global__ void __launch_bounds__(OWARPS * 32, OMINB) reference_f64(c
     u32* ltab = (u32*)tab;  // 256 limb entries in the decode table's place
     for (int k = threadIdx.x; k < 256; k += blockDim.x) ltab[k] = limb_entry(p.decode[(p.fnuz ? 256 : 0) + k], p.fnuz);
     const double unit = p.fnuz ? 1.0 / 1048576.0 : 1.0 / 262144.0;
+    const int relu_mask = inside ? 0 : -1;  // the ReLU on the integer dots (exact_int_dot)
     u8* qb = (u8*)qf;
     // Keys by 128-bit loads where every block starts 16-byte aligned (a padded block
     // stride may leave it 4-byte aligned only).
@@ -381,15 +394,29 @@ extern "C" __global__ void __launch_bounds__(OWARPS * 32, OMINB) reference_f64(c
             for (int e = threadIdx.x; e < rows_here * H; e += blockDim.x) wd[e] = (double)p.weights[(u64)(b * p.next_n + i0) * H + e];
 #if IMMA
             __syncthreads();  // the weights first: a NaN query below sets its head's to NaN
-#pragma unroll 4
-            for (int e = threadIdx.x * 4; e < rows_here * H * DD; e += blockDim.x * 4) {
-                const int row = e / DD, d = e % DD;  // row = ii*H + h
-                u32 l[3];
-                if (split_limbs(ltab, *(const u32*)(qsrc + e), l)) wd[row] = __longlong_as_double(0x7ff8000000000000LL);
-                const int ii = row / H, h = row % H, ft = d / KPT, fs = (d % KPT) >> 3, fh = (d >> 2) & 1;
-                u32* dst = (u32*)qb + 4 * QFRAG(ii, h >> 4, 0, fs, (h & 7) * 4 + ft) + fh * 2 + ((h >> 3) & 1);
+            // QLOADS words per thread loaded before any is split: the loads are in flight
+            // together (split one by one, each waited out its own global latency: ncu put
+            // 13% of the kernel's stall samples in this loop).
+            const int qbytes = rows_here * H * DD;
+            for (int e0 = threadIdx.x * 4; e0 < qbytes; e0 += blockDim.x * 4 * QLOADS) {
+                u32 qw[QLOADS];
 #pragma unroll
-                for (int j = 0; j < 3; j++) dst[j * KSTEPS * 32 * 4] = l[j];
+                for (int k = 0; k < QLOADS; k++) {
+                    const int e = e0 + k * blockDim.x * 4;
+                    qw[k] = e < qbytes ? *(const u32*)(qsrc + e) : 0u;
+                }
+#pragma unroll
+                for (int k = 0; k < QLOADS; k++) {
+                    const int e = e0 + k * blockDim.x * 4;
+                    if (e >= qbytes) break;
+                    const int row = e / DD, d = e % DD;  // row = ii*H + h
+                    u32 l[3];
+                    if (split_limbs(ltab, qw[k], l)) wd[row] = __longlong_as_double(0x7ff8000000000000LL);
+                    const int ii = row / H, h = row % H, ft = d / KPT, fs = (d % KPT) >> 3, fh = (d >> 2) & 1;
+                    u32* dst = (u32*)qb + 4 * QFRAG(ii, h >> 4, 0, fs, (h & 7) * 4 + ft) + fh * 2 + ((h >> 3) & 1);
+#pragma unroll
+                    for (int j = 0; j < 3; j++) dst[j * KSTEPS * 32 * 4] = l[j];
+                }
             }
             for (int ii = threadIdx.x; ii < rows_here; ii += blockDim.x) {
                 const int r = b * p.next_n + i0 + ii;
@@ -521,6 +548,20 @@ extern "C" __global__ void __launch_bounds__(OWARPS * 32, OMINB) reference_f64(c
                     // order (lanes 0..15: one token each).
                     auto combine = [&](const double* sb, int mt) {
                         if (lane < WT) {
+#if IMMA
+                            // The dots staged with their ReLU taken when the scale comes
+                            // after the sum (exact_int_dot): two loops, so that path has
+                            // no compare left.
+                            if (!inside) {
+#pragma unroll
+                                for (int hh = 0; hh < SHEADS; hh++) {
+                                    const double t = __dmul_rn(wd[ii * H + mt * 8 + hh], sb[lane * SROW + hh]);
+                                    v = __dadd_rn(v, t);
+                                    m = __dadd_rn(m, fabs(t));
+                                }
+                                return;
+                            }
+#endif
 #pragma unroll
                             for (int hh = 0; hh < SHEADS; hh++) {
                                 const double dot = sb[lane * SROW + hh];
@@ -575,7 +616,7 @@ extern "C" __global__ void __launch_bounds__(OWARPS * 32, OMINB) reference_f64(c
                                 for (int x = 0; x < 4; x++) {
                                     const int t01 = acc[0][n][x] + acc[1][n][x] * 128;
                                     const int t234 = acc[2][n][x] + acc[3][n][x] * 128 + acc[4][n][x] * 16384;
-                                    st[((n0 + n) * 8 + 2 * t4 + (x & 1)) * SROW + (x >> 1) * 8 + g] = exact_int_dot(t01, t234);
+                                    st[((n0 + n) * 8 + 2 * t4 + (x & 1)) * SROW + (x >> 1) * 8 + g] = exact_int_dot(t01, t234, relu_mask);
                                 }
                         }
                         __syncwarp();

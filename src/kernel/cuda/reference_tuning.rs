@@ -603,6 +603,45 @@ mod tests {
         }
     }
 
+    /// `exact_int_dot` of kernels/reference.cu restated: the dot's integer made a double
+    /// through the bias 1.5 * 2^52 added to its high word alone, with the ReLU taken on
+    /// the integer (the scale after the sum) or not, is the integer (or its ReLU, +0.0 for
+    /// a negative one) exactly, over the whole range the limb sums reach.
+    #[test]
+    fn integer_dots_become_doubles_with_their_relu_exactly() {
+        use rand::RngExt;
+        let mut rng = crate::generate::values::rng_for(23);
+        let exact_int_dot = |t01: i32, t234: i32, relu_mask: i32| -> f64 {
+            let t = ((t234 as i64) << 14) + t01 as i64;
+            let (hi, lo) = ((t >> 32) as i32, t as i32);
+            let drop = (hi >> 31) & relu_mask;
+            let hi = (hi & !drop).wrapping_add(0x4338_0000);
+            let bits = ((hi as u32 as u64) << 32) | (lo & !drop) as u32 as u64;
+            f64::from_bits(bits) - 6_755_399_441_055_744.0
+        };
+        let bound = 1i32 << 29;
+        for trial in 0..200_000 {
+            let (t01, t234) = match trial % 4 {
+                0 => (rng.random_range(-3..=3), rng.random_range(-3..=3)),
+                1 => (rng.random_range(-bound..bound), 0),
+                _ => (
+                    rng.random_range(-bound..bound),
+                    rng.random_range(-bound..bound),
+                ),
+            };
+            let t = ((t234 as i64) << 14) + t01 as i64;
+            let plain = exact_int_dot(t01, t234, 0);
+            assert_eq!(plain, t as f64, "{t01} {t234}");
+            let relu = exact_int_dot(t01, t234, -1);
+            let want = if t > 0 { t as f64 } else { 0.0 };
+            assert_eq!(
+                relu.to_bits(),
+                want.to_bits(),
+                "{t01} {t234}: {relu} vs {want}"
+            );
+        }
+    }
+
     #[test]
     fn tunings_are_distinct_and_labelled() {
         let labels: std::collections::BTreeSet<String> =
