@@ -11,17 +11,30 @@ use crate::kernel::cuda::device::with_gpu;
 use crate::kernel::cuda::kernels::{CudaDirect, Variant};
 use crate::kernel::cuda::memory::{failure, CacheView, DeviceCase};
 use crate::kernel::device_judge::{rejects, row_digest};
-use crate::kernel::Kernel;
+use crate::kernel::{Capabilities, Kernel};
 use crate::oracle::{JudgeMode, OracleConfig, Verdict};
 use std::time::Instant;
 
 /// A production-profile case at `1/16` of an engine's context lengths (engine pools,
-/// strides and block ids at full size), fitted to `kernel`.
+/// strides and block ids at full size), fitted to `kernel` and to this device.
 fn production_case(kernel: &dyn Kernel, k: u64) -> Case {
     let strategy =
         crate::generate::strategy::draw_strategy_scaled(Profile::Production, k, 1.0 / 16.0);
     let draw = crate::campaign::value_tree(&strategy, 0x0de_71ce ^ k).current();
-    draw.resolve(&[kernel.capabilities()]).0.materialize()
+    draw.resolve(&[&fitted_to_device(kernel)]).0.materialize()
+}
+
+/// The kernel's capabilities with its KV pool at most 60% of this device's memory: an
+/// engine's 80 GiB pool and its output do not fit an 80 GiB card (on one, three of 20
+/// cases were "not judged on the device" and failed the section), and fit a 141 GiB one
+/// as before.
+fn fitted_to_device(kernel: &dyn Kernel) -> Capabilities {
+    let mut caps = kernel.capabilities().clone();
+    if let Ok((_, total)) = with_gpu(|gpu| gpu.ctx.mem_info().map_err(failure)) {
+        let limit = total / 10 * 6;
+        caps.max_kv_bytes = Some(caps.max_kv_bytes.map_or(limit, |m| m.min(limit)));
+    }
+    caps
 }
 
 /// Where two verdicts of the same output differ, in words (`None`: the same).
