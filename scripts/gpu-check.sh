@@ -34,7 +34,8 @@
 #                                        (200), each bug its own finding with trigger and tier
 # speed       ~2 min build + WARMUP      real-kernel speed, the old binary (OLD_BIN, default ./mqa-fuzz-old,
 #             (45 s) + 4 x BUDGET (100 s) with its adapters in OLD_ADAPTERS) beside this one on the same
-#                                        seeds (DG_ARGS, WARM_UP_AB, STEADY, DG_WORKERS: see check_speed):
+#                                        seeds (DG_ARGS, WARM_UP_AB, STEADY, DG_WORKERS, KNOWN, DG_NEW: see
+#                                        check_speed):
 #                                        DeepGEMM over PROFILES (all production; none: skip
 #                                        DeepGEMM), and cuda:tiled (an isolated worker) over TILED_PROFILES
 #                                        (all), DeepGEMM's JIT warmed first (scripts/gpu/deepgemm_jit.py,
@@ -353,12 +354,14 @@ check_speed() {
         # its JIT first, or whichever binary runs first pays for both.
         python3 "$gdir/deepgemm_jit.py" warm-up 2>&1 | tee "$W/logs/deepgemm-jit.log" | tail -2
         python3 "$gdir/deepgemm_jit.py" fresh-process 2>&1 | tee -a "$W/logs/deepgemm-jit.log" | tail -2
-        campaign speed-warmup-dg --kernel deepgemm --profile all --budget "${WARMUP:-45}" --seed 5 >/dev/null
+        MQA_FUZZ_EXEC_WORKERS=${WARMUP_WORKERS:-1} \
+            campaign speed-warmup-dg --kernel deepgemm --profile all --budget "${WARMUP:-45}" --seed 5 >/dev/null
     fi
     # DG_ARGS: more `run` arguments for the DeepGEMM campaigns ("--repeat 1 --batch-invariance
     # off": the case path without the property re-runs). WARM_UP_AB=1: this binary also with
     # its workers' warm-up off (MQA_FUZZ_WARM_UP=off), a same-binary before/after. STEADY=1:
     # this binary once more on its own corpus (signatures known: a nightly's steady state).
+    # DG_NEW=0: not this binary's run with the default pool (DG_WORKERS below times pools).
     for p in ${PROFILES:-all production}; do
         [ "$p" = none ] && continue
         # shellcheck disable=SC2086
@@ -368,10 +371,12 @@ check_speed() {
         [ "${WARM_UP_AB:-0}" = 1 ] && MQA_FUZZ_WARM_UP=off \
             campaign "speed-nowarm-dg-$p" --kernel deepgemm --profile "$p" --budget "$t" --seed "$seed" ${DG_ARGS:-}
         # shellcheck disable=SC2086
-        campaign "speed-new-dg-$p" --kernel deepgemm --profile "$p" --budget "$t" --seed "$seed" ${DG_ARGS:-}
-        # DG_WORKERS="2 3": this binary again with that many DeepGEMM workers sharing the GPU
-        # (MQA_FUZZ_EXEC_WORKERS), each serving its own cases.
+        [ "${DG_NEW:-1}" = 1 ] && campaign "speed-new-dg-$p" --kernel deepgemm --profile "$p" --budget "$t" --seed "$seed" ${DG_ARGS:-}
+        # DG_WORKERS="1 2": this binary again with that many DeepGEMM workers sharing the GPU
+        # (MQA_FUZZ_EXEC_WORKERS), each serving its own cases; KNOWN=1: each starts from a
+        # copy of the warm-up campaign's corpus (the bugs it found known, as in a nightly).
         for w in ${DG_WORKERS:-}; do
+            [ "${KNOWN:-0}" = 1 ] && rm -rf "$W/c/speed-w$w-dg-$p" && cp -r "$W/c/speed-warmup-dg" "$W/c/speed-w$w-dg-$p"
             # shellcheck disable=SC2086
             MQA_FUZZ_EXEC_WORKERS=$w campaign "speed-w$w-dg-$p" --kernel deepgemm --profile "$p" --budget "$t" --seed "$seed" ${DG_ARGS:-}
         done
