@@ -325,6 +325,44 @@ fn pool_runs_cases_concurrently_one_worker_each() {
     });
 }
 
+/// Workers that share a device split the KV-pool bytes the first one declared (each
+/// declared a share of what was free as if it were alone); workers on devices of their
+/// own keep them.
+#[test]
+fn workers_sharing_a_device_split_its_kv_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let real = start("cpu:chunked", None, Duration::from_secs(30));
+    let mut hello = real.hello().clone();
+    drop(real);
+    hello.capabilities.max_kv_bytes = Some(6 << 30);
+    let mut line = serde_json::to_value(&hello).unwrap();
+    line["type"] = "hello".into();
+    std::fs::write(dir.path().join("hello.json"), line.to_string()).unwrap();
+    let script = "import sys\nprint(open(sys.argv[1]).read(), flush=True)\nsys.stdin.read()\n";
+    std::fs::write(dir.path().join("hello_only.py"), script).unwrap();
+    let pools = [
+        (vec![Vec::new(), Vec::new()], 3u64 << 30),
+        (vec![device_env("0"), device_env("1")], 6 << 30),
+        (
+            vec![device_env("0"), device_env("1"), device_env("0")],
+            3 << 30,
+        ),
+    ];
+    for (envs, want) in pools {
+        let n = envs.len();
+        let mut cfg = ExecConfig::new(format!(
+            "python3 '{}' '{}'",
+            dir.path().join("hello_only.py").display(),
+            dir.path().join("hello.json").display()
+        ));
+        cfg.worker_envs = envs;
+        cfg.fork_server = false;
+        cfg.handshake_timeout = Duration::from_secs(30);
+        let k = ExecKernel::start("split", cfg).expect("the stand-ins start");
+        assert_eq!(k.capabilities().max_kv_bytes, Some(want), "{n} workers");
+    }
+}
+
 /// A worker that judges "on its device" (a stand-in: each case takes 50 ms and is
 /// judged clean), logging each request it starts and whether another had already
 /// arrived; with `crash_once`, its second request kills it, once.
