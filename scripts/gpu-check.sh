@@ -447,7 +447,8 @@ for d in sys.argv[1:]:
     print("   phases (s): " + ", ".join(f"{p} {v / 1e3:.1f}" for p, v in sorted(phases.items(), key=lambda x: -x[1])[:12]))
     top = ", ".join(f"{p} {v / max(firsts, 1):.1f}" for p, v in sorted(first.items(), key=lambda x: -x[1])[:6])
     print(f"{os.path.basename(d)}: {n} cases in {w:.0f} s = {n / max(w, 1e-9):.2f} cases/s; "
-          f"kernel clock {k.get('kernel_secs', 0):.1f} s, runs {k.get('run_wall_secs', 0):.1f} s, "
+          f"kernel clock {k.get('kernel_secs', 0) - k.get('unclocked_secs', 0):.1f} s "
+          f"(+ {k.get('unclocked_secs', 0):.1f} s over {k.get('unclocked_runs', 0)} runs without one), runs {k.get('run_wall_secs', 0):.1f} s, "
           f"shrink {r['timings'].get('shrink_secs', 0):.1f} s; tokens/case min {min(tok, default=0)} "
           f"median {int(statistics.median(tok)) if tok else 0}; findings {len(r['findings'])}; "
           f"stopped_early {r.get('stopped_early')}; {extra}; workers {workers}")

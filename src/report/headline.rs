@@ -280,11 +280,25 @@ pub fn throughput(r: &Report) -> Vec<String> {
         // exec: or cuda: kernel the worker protocol and device transfers, for a CPU
         // kernel without its own clock nothing (its clock is the call).
         let rest = (k.run_wall_secs - k.output_setup_secs - k.kernel_secs).max(0.0);
+        // Runs without a clock of their own beside runs with one (a GPU worker's crashes)
+        // are told apart: their walls are not the kernel's time.
+        let (clock, unclocked) = if k.unclocked_runs > 0 && k.unclocked_runs < k.cases {
+            (
+                k.kernel_secs - k.unclocked_secs,
+                format!(
+                    ", {} without a clock of their own (crashes: the fault, the worker's death) {:.1} s",
+                    plural(k.unclocked_runs, "run", "runs"),
+                    k.unclocked_secs
+                ),
+            )
+        } else {
+            (k.kernel_secs, String::new())
+        };
         kernels.push(format!(
-            "{name} runs {:.1} s: harness output buffer (allocate + NaN poison) {:.1} s, kernel's own clock {:.3} s{}, rest of the call (worker protocol, transfers) {:.1} s",
+            "{name} runs {:.1} s: harness output buffer (allocate + NaN poison) {:.1} s, kernel's own clock {:.3} s{}{unclocked}, rest of the call (worker protocol, transfers) {:.1} s",
             k.run_wall_secs,
             k.output_setup_secs,
-            k.kernel_secs,
+            clock,
             compile_words(k).map(|c| format!(" ({c})")).unwrap_or_default(),
             rest
         ));
@@ -620,6 +634,40 @@ mod tests {
         assert!(lines[1].contains("reference 7.0 s"), "{lines:?}");
         assert!(
             lines[1].contains("cuda:tiled runs 40.0 s: harness output buffer (allocate + NaN poison) 30.0 s, kernel's own clock 0.250 s, rest of the call (worker protocol, transfers) 9.8 s"),
+            "{lines:?}"
+        );
+    }
+
+    /// A GPU worker's crashes report no clock: their walls are counted apart from the
+    /// kernel's own clock, not in it.
+    #[test]
+    fn runs_without_a_clock_are_not_the_kernels_time() {
+        let mut r = Report::default();
+        r.counts.cases_generated = 100;
+        r.timings.wall_secs = 30.0;
+        r.per_kernel.insert(
+            "deepgemm".into(),
+            KernelStats {
+                cases: 100,
+                kernel_secs: 9.01,
+                unclocked_runs: 5,
+                unclocked_secs: 9.0,
+                run_wall_secs: 29.0,
+                ..Default::default()
+            },
+        );
+        let lines = throughput(&r);
+        assert!(
+            lines[1].contains("kernel's own clock 0.010 s, 5 runs without a clock of their own (crashes: the fault, the worker's death) 9.0 s, rest of the call (worker protocol, transfers) 20.0 s"),
+            "{lines:?}"
+        );
+        // A CPU kernel: no run has a clock of its own; the call is its clock.
+        let k = r.per_kernel.get_mut("deepgemm").unwrap();
+        k.unclocked_runs = 100;
+        k.unclocked_secs = 9.01;
+        let lines = throughput(&r);
+        assert!(
+            lines[1].contains("kernel's own clock 9.010 s, rest"),
             "{lines:?}"
         );
     }

@@ -108,6 +108,12 @@ pub struct KernelStats {
     /// The kernel's own time where it reports one (CUDA events, an adapter's clock),
     /// else the wall time of its run.
     pub kernel_secs: f64,
+    /// Runs that reported no clock of their own, and their wall time (part of
+    /// `kernel_secs`): every run of a CPU kernel (its clock is the call), the crashes of
+    /// a GPU worker (a worker that died reports nothing; its run's wall is the fault,
+    /// the death and the wait for it).
+    pub unclocked_runs: u64,
+    pub unclocked_secs: f64,
     /// Wall time of the kernel's runs, including worker protocol and device transfers.
     pub run_wall_secs: f64,
     /// The part of `run_wall_secs` before the kernel was called: the harness's output

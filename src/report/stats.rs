@@ -49,7 +49,11 @@ impl KernelStats {
         self.rows_checked += v.metrics.rows_checked;
         self.logits_checked += v.metrics.checked;
         self.kernel_secs += kernel_secs;
-        if let Some(key) = compile_key {
+        if v.run.kernel_time.is_none() {
+            self.unclocked_runs += 1;
+            self.unclocked_secs += run_wall_secs;
+        } else if let Some(key) = compile_key {
+            // A run without a clock (a crash) says nothing about compiling.
             self.compile.record(key, kernel_secs);
         }
         // A crashed case has no output for the guard to act on: not counted either way.
@@ -107,6 +111,8 @@ impl AddAssign<&KernelStats> for KernelStats {
         add(&mut g.pos_inf, h.pos_inf);
         add(&mut g.neg_inf, h.neg_inf);
         self.kernel_secs += k.kernel_secs;
+        add(&mut self.unclocked_runs, k.unclocked_runs);
+        self.unclocked_secs += k.unclocked_secs;
         self.run_wall_secs += k.run_wall_secs;
         self.output_setup_secs += k.output_setup_secs;
         for (class, t) in &k.kernel_time_by_shape {
