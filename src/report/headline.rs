@@ -638,40 +638,6 @@ mod tests {
         );
     }
 
-    /// A GPU worker's crashes report no clock: their walls are counted apart from the
-    /// kernel's own clock, not in it.
-    #[test]
-    fn runs_without_a_clock_are_not_the_kernels_time() {
-        let mut r = Report::default();
-        r.counts.cases_generated = 100;
-        r.timings.wall_secs = 30.0;
-        r.per_kernel.insert(
-            "deepgemm".into(),
-            KernelStats {
-                cases: 100,
-                kernel_secs: 9.01,
-                unclocked_runs: 5,
-                unclocked_secs: 9.0,
-                run_wall_secs: 29.0,
-                ..Default::default()
-            },
-        );
-        let lines = throughput(&r);
-        assert!(
-            lines[1].contains("kernel's own clock 0.010 s, 5 runs without a clock of their own (crashes: the fault, the worker's death) 9.0 s, rest of the call (worker protocol, transfers) 20.0 s"),
-            "{lines:?}"
-        );
-        // A CPU kernel: no run has a clock of its own; the call is its clock.
-        let k = r.per_kernel.get_mut("deepgemm").unwrap();
-        k.unclocked_runs = 100;
-        k.unclocked_secs = 9.01;
-        let lines = throughput(&r);
-        assert!(
-            lines[1].contains("kernel's own clock 9.010 s, rest"),
-            "{lines:?}"
-        );
-    }
-
     #[test]
     fn crashes_are_not_called_guard_needed() {
         let k = KernelStats {
