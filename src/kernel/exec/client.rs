@@ -7,6 +7,7 @@
 //! another request than the one asked is a `crash` of *that case*, reported with the
 //! tail of its stderr; it is killed and a fresh one starts for the next case.
 
+use super::config::WORKER_DEVICE;
 pub use super::config::{device_env, ExecConfig};
 use super::process::{Launch, Source, Worker};
 use super::protocol::{self, Hello, RunRequest, Transport};
@@ -415,14 +416,14 @@ fn start_worker(
 }
 
 /// The most workers of a pool that share one device: those pinned to the same device
-/// (`MQA_FUZZ_WORKER_DEVICE`, set by [`device_env`]), and those pinned to none, which all
+/// ([`WORKER_DEVICE`], set by [`device_env`]), and those pinned to none, which all
 /// see the default one.
 fn workers_per_device(envs: &[Vec<(String, String)>]) -> usize {
     let mut count: std::collections::HashMap<Option<&str>, usize> = Default::default();
     for env in envs {
         let device = env
             .iter()
-            .find(|(k, _)| k == "MQA_FUZZ_WORKER_DEVICE")
+            .find(|(k, _)| k == WORKER_DEVICE)
             .map(|(_, v)| v.as_str());
         *count.entry(device).or_default() += 1;
     }

@@ -127,12 +127,16 @@ fn parse_switch(var: &str, value: Option<&str>) -> Result<Option<bool>, String> 
     }
 }
 
+/// The device a worker of a pool is pinned to, as [`device_env`] names it to the worker
+/// (and the pool counts workers sharing one by it).
+pub const WORKER_DEVICE: &str = "MQA_FUZZ_WORKER_DEVICE";
+
 /// The environment that pins a worker to one GPU, NVIDIA or AMD.
 pub fn device_env(device: &str) -> Vec<(String, String)> {
     vec![
         ("CUDA_VISIBLE_DEVICES".into(), device.into()),
         ("HIP_VISIBLE_DEVICES".into(), device.into()),
-        ("MQA_FUZZ_WORKER_DEVICE".into(), device.into()),
+        (WORKER_DEVICE.into(), device.into()),
     ]
 }
 

@@ -95,7 +95,7 @@ pub fn serve(
     } else {
         kernel_name.split(':').next().unwrap_or("").to_string()
     };
-    if let Ok(d) = std::env::var("MQA_FUZZ_WORKER_DEVICE") {
+    if let Ok(d) = std::env::var(super::config::WORKER_DEVICE) {
         device.push_str(&format!(" (device {d})"));
     }
     let hello = Hello {
