@@ -172,19 +172,69 @@ pub fn compute_device(
     // would otherwise run on a fraction of the SMs.
     let slots = gpu.sms as usize * tuning.ctas_per_sm;
     let per_cta = (total_chunks / slots).clamp(1, tuning.chunks_per_cta);
-    let gx = max_chunks.div_ceil(per_cta).clamp(1, 65535) as u32;
-    let gy = s.batch.clamp(1, 65535) as u32;
+    let (mut gx, mut gy) = (
+        max_chunks.div_ceil(per_cta).clamp(1, 65535) as u32,
+        s.batch.clamp(1, 65535) as u32,
+    );
+    // A flat grid: one wave of CTAs, each an equal share of every sequence's chunks (the
+    // kernel finds its sequences in the chunk counts' prefix sums).
+    let chunk_prefix = if tuning.flat_grid {
+        let mut prefix = vec![0i32; s.batch + 1];
+        for b in 0..s.batch {
+            prefix[b + 1] = prefix[b] + chunks(b) as i32;
+        }
+        let mem = DeviceMemory::alloc(prefix.len() as u64 * 4).map_err(failure)?;
+        mem.upload(0, &prefix).map_err(failure)?;
+        (gx, gy) = (slots.clamp(1, total_chunks.max(1)) as u32, 1);
+        Some(mem)
+    } else {
+        None
+    };
+    let mut prefix_ptr = chunk_prefix.as_ref().map_or(0u64, |m| m.ptr());
     let mut p = dc.params;
     let mut inside = (placement == ScalePlacement::InsideRelu) as i32;
     let mut nr = nr as i32;
+    // With the query pre-pass: every row's query limbs and weights, split once.
+    let prepass = if tuning.query_prepass {
+        let rows_heads = (s.batch * s.next_n * s.heads) as u64;
+        let limbs = DeviceMemory::alloc(rows_heads * 3 * s.head_dim as u64).map_err(failure)?;
+        let weights = DeviceMemory::alloc(rows_heads * 8).map_err(failure)?;
+        let prep = gpu
+            .function(
+                Program::Reference,
+                "reference_queries",
+                &tuning.defines(s.head_dim),
+            )
+            .map_err(GpuFailure::Environment)?;
+        Some((prep, limbs, weights, rows_heads))
+    } else {
+        None
+    };
+    let (mut limbs_ptr, mut weights_ptr) = prepass
+        .as_ref()
+        .map_or((0u64, 0u64), |(_, l, w, _)| (l.ptr(), w.ptr()));
     let timer = Timer::new().map_err(failure)?;
     let mut times = Vec::new();
     for _ in 0..reps.max(1) {
         timer.start().map_err(failure)?;
+        if let Some((prep, _, _, rows_heads)) = &prepass {
+            launch(
+                prep,
+                // 256 threads of 8 words (kernels/reference.cu, PREP_WORDS).
+                (
+                    (rows_heads * s.head_dim as u64 / 4).div_ceil(256 * 8) as u32,
+                    1,
+                    1,
+                ),
+                256,
+                0,
+                &mut [&mut p, &mut limbs_ptr, &mut weights_ptr],
+            )?;
+        }
         launch(
             &f,
             (gx, gy, 1),
-            128,
+            tuning.threads(),
             smem,
             &mut [
                 &mut p,
@@ -193,6 +243,9 @@ pub fn compute_device(
                 &mut mag.ptr(),
                 &mut inside,
                 &mut nr,
+                &mut limbs_ptr,
+                &mut weights_ptr,
+                &mut prefix_ptr,
             ],
         )?;
         timer.stop().map_err(failure)?;

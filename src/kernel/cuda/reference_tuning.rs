@@ -55,6 +55,32 @@ pub struct ReferenceTuning {
     /// of them): fewer hold fewer accumulator registers, so more CTAs fit an SM, for
     /// more loads of each query fragment.
     pub acc_tiles: usize,
+    /// The integer path with the keys copied ahead, warp-specialised: each of the 4
+    /// warps that compute the MMAs is paired with a warp that does its head sums, one
+    /// group behind, through a double buffer in shared memory. One CTA of 8 warps per SM,
+    /// so each scheduler has one MMA warp and one summing warp.
+    pub warp_specialized: bool,
+    /// The integer path with one accumulator per limb product (nine), not one per power
+    /// of two (five): a chain of dependent MMAs per k-step instead of up to three, for
+    /// more registers.
+    pub acc_per_product: bool,
+    /// Warps that own tokens and compute the MMAs: 4, or with `warp_specialized` 8 (two
+    /// per scheduler, each paired with a summing warp: 16 warps a CTA).
+    pub mma_warps: usize,
+    /// With 8 MMA warps: the registers `setmaxnreg` gives each MMA warp (the summing
+    /// warps get 256 less this); 0 leaves every warp the launch's 128.
+    pub mma_regs: usize,
+    /// The integer path's staged dots skewed by a function of the token in rows of 32
+    /// slots: free of bank conflicts for the stores as well as the head sum's loads (the
+    /// padding frees only the loads). Takes no `padded_stage`.
+    pub swizzled_stage: bool,
+    /// The integer path with every row's query limbs split once, by a kernel launched
+    /// before the reference (`reference_queries`): each CTA copies its rows' limbs instead
+    /// of splitting them again (about 32 CTAs a sequence on the production case did).
+    pub query_prepass: bool,
+    /// One wave of CTAs, each an equal share of the chunks of all sequences, instead of a
+    /// CTA per sequence and `chunks_per_cta` of its chunks: no CTA ends a wave late.
+    pub flat_grid: bool,
 }
 
 impl ReferenceTuning {
@@ -107,7 +133,7 @@ impl ReferenceTuning {
     /// CPU: the defaults, and the variants that show what each define is worth (every
     /// code path of `reference.cu` is in at least one). Earlier measured variants are in
     /// BENCHMARKS.md.
-    pub const ALL: [ReferenceTuning; 26] = [
+    pub const ALL: [ReferenceTuning; 53] = [
         ReferenceTuning::PLAIN,
         ReferenceTuning::new(true, 1, 3, false, false),
         ReferenceTuning::new(false, 2, 3, false, false),
@@ -128,12 +154,62 @@ impl ReferenceTuning {
         ReferenceTuning::INT8_AHEAD.chunks(4),
         ReferenceTuning::INT8_AHEAD.chunks(16),
         ReferenceTuning::INT8_AHEAD_SPLIT,
+        ReferenceTuning::INT8_AHEAD_SPLIT.specialized(),
+        ReferenceTuning::INT8_AHEAD_SPLIT.specialized().chunks(16),
+        ReferenceTuning::INT8_AHEAD.acc_tiles(1).specialized(),
         ReferenceTuning::INT8_AHEAD.acc_tiles(2).ctas(3),
         ReferenceTuning::INT8_AHEAD.acc_tiles(1).ctas(3),
         ReferenceTuning::INT8_AHEAD.acc_tiles(2).ctas(3).chunks(16),
         ReferenceTuning::INT8.acc_tiles(2).ctas(3),
         ReferenceTuning::int8(3, 2),
         ReferenceTuning::int8(4, 2),
+        ReferenceTuning::INT8_AHEAD.acc_tiles(1).acc9(),
+        ReferenceTuning::INT8_AHEAD_SPLIT.acc9(),
+        ReferenceTuning::INT8_AHEAD
+            .acc_tiles(1)
+            .acc9()
+            .specialized(),
+        ReferenceTuning::INT8_AHEAD_SPLIT.acc9().specialized(),
+        ReferenceTuning::INT8_AHEAD_SPLIT.two_mma_warps(192),
+        ReferenceTuning::INT8_AHEAD_SPLIT.two_mma_warps(200),
+        ReferenceTuning::INT8_AHEAD.acc_tiles(1).two_mma_warps(192),
+        ReferenceTuning::INT8_AHEAD_SPLIT.two_mma_warps(0),
+        ReferenceTuning::INT8_AHEAD_SPLIT.swizzled(),
+        ReferenceTuning::INT8_AHEAD_SPLIT
+            .two_mma_warps(192)
+            .swizzled(),
+        ReferenceTuning::INT8.acc_tiles(2).ctas(3).swizzled(),
+        ReferenceTuning::INT8_AHEAD_SPLIT.prepassed(),
+        ReferenceTuning::INT8_AHEAD_SPLIT.swizzled().prepassed(),
+        ReferenceTuning::INT8_AHEAD_SPLIT
+            .swizzled()
+            .prepassed()
+            .chunks(2),
+        ReferenceTuning::INT8_AHEAD_SPLIT
+            .swizzled()
+            .prepassed()
+            .chunks(6),
+        ReferenceTuning::INT8_AHEAD_SPLIT
+            .swizzled()
+            .prepassed()
+            .chunks(4),
+        ReferenceTuning::INT8_AHEAD_SPLIT
+            .two_mma_warps(192)
+            .swizzled()
+            .prepassed(),
+        ReferenceTuning::INT8_AHEAD_SPLIT
+            .swizzled()
+            .prepassed()
+            .flat(),
+        ReferenceTuning::INT8_AHEAD_SPLIT.swizzled().flat(),
+        ReferenceTuning::INT8_AHEAD_SPLIT.flat(),
+        ReferenceTuning::INT8_AHEAD.swizzled().flat(),
+        ReferenceTuning::INT8.acc_tiles(2).ctas(3).swizzled().flat(),
+        ReferenceTuning::INT8_AHEAD_SPLIT
+            .two_mma_warps(192)
+            .swizzled()
+            .flat(),
+        ReferenceTuning::INT8.acc_tiles(2).swizzled().flat(),
     ];
 
     const fn new(
@@ -158,6 +234,13 @@ impl ReferenceTuning {
             int_mma: false,
             prefetch_keys: false,
             acc_tiles: 0,
+            warp_specialized: false,
+            acc_per_product: false,
+            mma_warps: 4,
+            mma_regs: 0,
+            swizzled_stage: false,
+            query_prepass: false,
+            flat_grid: false,
         }
     }
 
@@ -222,6 +305,58 @@ impl ReferenceTuning {
         }
     }
 
+    /// Warp-specialised, one CTA of 8 warps per SM.
+    const fn specialized(self) -> Self {
+        ReferenceTuning {
+            warp_specialized: true,
+            ctas_per_sm: 1,
+            ..self
+        }
+    }
+
+    /// Nine accumulators, one per limb product.
+    const fn acc9(self) -> Self {
+        ReferenceTuning {
+            acc_per_product: true,
+            ..self
+        }
+    }
+
+    /// Warp-specialised with two MMA warps per scheduler (16 warps a CTA), `mma_regs`
+    /// registers for each MMA warp.
+    const fn two_mma_warps(self, mma_regs: usize) -> Self {
+        ReferenceTuning {
+            mma_warps: 8,
+            mma_regs,
+            ..self.specialized()
+        }
+    }
+
+    /// The staged dots swizzled instead of padded.
+    const fn swizzled(self) -> Self {
+        ReferenceTuning {
+            swizzled_stage: true,
+            padded_stage: false,
+            ..self
+        }
+    }
+
+    /// The query limbs split once, before the reference.
+    const fn prepassed(self) -> Self {
+        ReferenceTuning {
+            query_prepass: true,
+            ..self
+        }
+    }
+
+    /// One wave of CTAs sharing the chunks equally.
+    const fn flat(self) -> Self {
+        ReferenceTuning {
+            flat_grid: true,
+            ..self
+        }
+    }
+
     const fn acc_tiles(self, acc_tiles: usize) -> Self {
         ReferenceTuning { acc_tiles, ..self }
     }
@@ -242,12 +377,20 @@ impl ReferenceTuning {
 
     /// Whether a GPU of compute capability `major`.x has the instructions it uses.
     pub fn runs_on(self, major: u32) -> bool {
-        (!self.wide_mma || major >= 9) && (!self.int_mma || major >= 8)
+        (!self.wide_mma || major >= 9)
+            && (!self.int_mma || major >= 8)
+            && (self.mma_regs == 0 || major >= 9)
     }
 
-    /// Tokens one CTA (4 warps) takes per chunk.
+    /// Tokens one CTA takes per chunk (each warp that owns tokens, 8 per n-tile).
     pub(super) fn chunk_tokens(self) -> usize {
-        4 * 8 * self.token_tiles
+        self.mma_warps * 8 * self.token_tiles
+    }
+
+    /// Threads a CTA is launched with: 4 warps, and as many summing warps when
+    /// warp-specialised.
+    pub(super) fn threads(self) -> u32 {
+        32 * self.mma_warps as u32 * (1 + self.warp_specialized as u32)
     }
 
     /// Shared memory one CTA may use: its share of the SM's 228 KiB, less 1 KiB each
@@ -281,12 +424,24 @@ impl ReferenceTuning {
     }
 
     pub(super) fn fixed_bytes(self, shape: &Shape) -> usize {
-        let stage_row = 8 * self.head_tiles + self.padded_stage as usize;
-        let stage =
-            (256 + 4 * (1 + self.pipelined as usize) * 8 * self.token_tiles * stage_row) * 8;
+        // A token's staged dots: a head tile's 8 each, a pad, or skewed in a row of 32.
+        let stage_row = if self.swizzled_stage {
+            32
+        } else {
+            8 * self.head_tiles + self.padded_stage as usize
+        };
+        let tokens = 8 * self.token_tiles;
+        // Warp-specialised: two handover buffers a warp pair, each the staged dots, and a
+        // scale (8 bytes) and a NaN flag (4) a token (kernels/reference.cu, WS_BUF).
+        let stage_doubles = if self.warp_specialized {
+            self.mma_warps * 2 * (tokens * stage_row + tokens + tokens / 2)
+        } else {
+            4 * (1 + self.pipelined as usize) * tokens * stage_row
+        };
+        let stage = (256 + stage_doubles) * 8;
         // Keys copied ahead: each warp's 8 * token_tiles tokens of D bytes, and 32 scales.
         let keys = if self.prefetch_keys {
-            4 * (8 * self.token_tiles * shape.head_dim + 32 * 4)
+            self.mma_warps * (8 * self.token_tiles * shape.head_dim + 32 * 4)
         } else {
             0
         };
@@ -302,6 +457,16 @@ impl ReferenceTuning {
         let wide_ok = !self.wide_mma || (self.vector_loads && self.head_tiles == 2);
         let queries_ok = !(self.f64_queries && self.hi_word_queries);
         let prefetch_ok = !self.prefetch_keys || self.int_mma;
+        let specialized_ok =
+            !self.warp_specialized || (self.prefetch_keys && self.ctas_per_sm == 1);
+        let warps_ok = match self.mma_warps {
+            4 => self.mma_regs == 0,
+            8 => self.warp_specialized && self.mma_regs.is_multiple_of(8) && self.mma_regs < 232,
+            _ => false,
+        };
+        let acc9_ok = !self.acc_per_product || self.int_mma;
+        let swizzle_ok = !self.swizzled_stage || (self.int_mma && !self.padded_stage);
+        let prepass_ok = !self.query_prepass || self.int_mma;
         let passes_ok = self.acc_tiles == 0
             || (self.int_mma && self.token_tiles.is_multiple_of(self.acc_tiles));
         let int_ok = !self.int_mma
@@ -318,6 +483,11 @@ impl ReferenceTuning {
                 && matches!(shape.head_dim, 64 | 128));
         vector_ok
             && prefetch_ok
+            && specialized_ok
+            && acc9_ok
+            && warps_ok
+            && swizzle_ok
+            && prepass_ok
             && passes_ok
             && wide_ok
             && queries_ok
@@ -328,7 +498,7 @@ impl ReferenceTuning {
 
     pub fn label(self) -> String {
         format!(
-            "{} queries, {} head tile{}, {} CTAs/SM{}{}{}{}{}{}{}{}{}{}",
+            "{} queries, {} head tile{}, {} CTAs/SM{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}",
             if self.int_mma {
                 "limb"
             } else if self.f64_queries {
@@ -385,7 +555,33 @@ impl ReferenceTuning {
                     self.acc_tiles,
                     if self.acc_tiles == 1 { "" } else { "s" }
                 )
-            }
+            },
+            if self.warp_specialized {
+                ", warp-specialised"
+            } else {
+                ""
+            },
+            if self.acc_per_product {
+                ", 9 accumulators"
+            } else {
+                ""
+            },
+            match (self.mma_warps, self.mma_regs) {
+                (4, _) => String::new(),
+                (w, 0) => format!(", {w} MMA warps"),
+                (w, r) => format!(", {w} MMA warps of {r} registers"),
+            },
+            if self.swizzled_stage {
+                ", swizzled stage"
+            } else {
+                ""
+            },
+            if self.query_prepass {
+                ", query limbs split once"
+            } else {
+                ""
+            },
+            if self.flat_grid { ", flat grid" } else { "" }
         )
     }
 
@@ -409,268 +605,35 @@ impl ReferenceTuning {
         if self.acc_tiles != 0 {
             defines.push(("NB".into(), self.acc_tiles.to_string()));
         }
+        // Unset, the kernel is not warp-specialised (WS = 0): the other tunings keep their
+        // compiled names.
+        if self.warp_specialized {
+            defines.push(("WS".into(), "1".into()));
+        }
+        if self.acc_per_product {
+            defines.push(("ACC9".into(), "1".into()));
+        }
+        if self.mma_warps != 4 {
+            defines.push(("OWARPS".into(), self.mma_warps.to_string()));
+        }
+        if self.swizzled_stage {
+            defines.push(("SWZ".into(), "1".into()));
+        }
+        if self.query_prepass {
+            defines.push(("QPRE".into(), "1".into()));
+        }
+        if self.flat_grid {
+            defines.push(("FLAT".into(), "1".into()));
+        }
+        if self.mma_regs != 0 {
+            // 16 warps of 128 registers at launch: what the MMA warps take, the summing
+            // warps give up.
+            defines.push(("MREG".into(), self.mma_regs.to_string()));
+            defines.push(("SREG".into(), (256 - self.mma_regs).to_string()));
+        }
         defines
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::case::ValueLayout;
-    use crate::fp8::Fp8Format;
-
-    fn shape(heads: usize, head_dim: usize, next_n: usize) -> Shape {
-        Shape {
-            batch: 4,
-            next_n,
-            heads,
-            head_dim,
-            block_size: 64,
-            layout: ValueLayout::Normal,
-            format: Fp8Format::E4m3fn,
-        }
-    }
-
-    /// The measured order holds where it should and every shape the GPU reference takes gets
-    /// a tuning that fits and runs on the device.
-    #[test]
-    fn default_tuning_fits_and_runs() {
-        let (int8, narrow) = (ReferenceTuning::INT8_AHEAD_SPLIT, ReferenceTuning::NARROW);
-        assert_eq!(ReferenceTuning::for_shape(&shape(64, 128, 2), 9), int8);
-        assert_eq!(ReferenceTuning::for_shape(&shape(64, 128, 2), 8), int8);
-        assert_eq!(ReferenceTuning::for_shape(&shape(64, 128, 2), 7), narrow);
-        assert_eq!(ReferenceTuning::for_shape(&shape(128, 128, 4), 9), int8);
-        // D 16 is not a multiple of the integer MMA's 32, nor one for 128-bit loads.
-        assert_eq!(
-            ReferenceTuning::for_shape(&shape(64, 16, 1), 9),
-            ReferenceTuning::PLAIN
-        );
-        // A row of 128 heads of f32 queries takes more than a third of the SM.
-        assert_eq!(
-            ReferenceTuning::for_shape(&shape(128, 128, 4), 7),
-            ReferenceTuning::PLAIN
-        );
-        // 8 heads: no 16-head tile; D 96: no 128-bit query loads.
-        assert_eq!(ReferenceTuning::for_shape(&shape(8, 128, 1), 9), narrow);
-        // D 96: not yet proved on a GPU on the integer path.
-        assert_eq!(
-            ReferenceTuning::for_shape(&shape(64, 96, 1), 9),
-            ReferenceTuning::PLAIN
-        );
-        assert_eq!(
-            ReferenceTuning::for_shape(&shape(64, 96, 1), 7),
-            ReferenceTuning::PLAIN
-        );
-        for heads in [8, 16, 24, 32, 64, 128] {
-            for head_dim in [16, 32, 64, 96, 128] {
-                for next_n in 1..=5 {
-                    let s = shape(heads, head_dim, next_n);
-                    assert!(rejects_shape(&s).is_none());
-                    for major in [7, 8, 9, 10] {
-                        let t = ReferenceTuning::for_shape(&s, major);
-                        assert!(t.fits(&s) && t.runs_on(major), "{s:?} on {major}: {t:?}");
-                    }
-                }
-            }
-        }
-    }
-
-    /// The integer-limb dots (`IMMA=1`, kernels/reference.cu) as the kernel does them,
-    /// restated: every fp8 code of both formats splits into limbs that give back its
-    /// integer exactly, and the worst case at D = 128 (every product at the largest
-    /// limbs) overflows neither an MMA accumulator nor the combined T01/T234, and the
-    /// combined integer stays below 2^51 (the exact int-to-double step).
-    #[test]
-    fn integer_limb_dots_are_exact_and_cannot_overflow() {
-        let mut max = [0i64; 3];
-        for format in Fp8Format::ALL {
-            let unit = if format == Fp8Format::E4m3fnuz {
-                1024.0
-            } else {
-                512.0
-            };
-            for code in 0..=255u8 {
-                let f = format.decode(code);
-                if f.is_nan() {
-                    continue;
-                }
-                let v = f * unit;
-                assert_eq!(
-                    v,
-                    v.trunc(),
-                    "{format:?} {code:#x}: not an integer times 2^-9/2^-10"
-                );
-                let v = v as i64;
-                let m = v.abs();
-                let sign = v.signum();
-                let limbs = [sign * (m & 127), sign * ((m >> 7) & 127), sign * (m >> 14)];
-                assert_eq!(
-                    limbs[0] + limbs[1] * 128 + limbs[2] * 16384,
-                    v,
-                    "{format:?} {code:#x}"
-                );
-                for (j, l) in limbs.iter().enumerate() {
-                    assert!(
-                        l.abs() <= 127,
-                        "{format:?} {code:#x}: limb {j} is not an int8"
-                    );
-                    max[j] = max[j].max(l.abs());
-                }
-            }
-        }
-        assert!(max[2] <= 15, "top limb {}", max[2]);
-        let d = 128i64;
-        let p = |i: usize, j: usize| max[i] * max[j] * d;
-        let s = [
-            p(0, 0),
-            p(0, 1) + p(1, 0),
-            p(0, 2) + p(1, 1) + p(2, 0),
-            p(1, 2) + p(2, 1),
-            p(2, 2),
-        ];
-        for (k, v) in s.iter().enumerate() {
-            assert!(*v <= i32::MAX as i64, "S{k} = {v}");
-        }
-        let t01 = s[0] + s[1] * 128;
-        let t234 = s[2] + s[3] * 128 + s[4] * 16384;
-        assert!(
-            t01 <= i32::MAX as i64 && t234 <= i32::MAX as i64,
-            "{t01} {t234}"
-        );
-        assert!(t234 * 16384 + t01 < 1 << 51);
-        // And the integer dot is the exact one: max * max * D within 2^44.
-        let vmax = max[0] + max[1] * 128 + max[2] * 16384;
-        assert!(vmax * vmax * d < 1 << 44);
-    }
-
-    /// The integer path's head sum takes each dot as its integer (T234 * 2^14 + T01) and
-    /// scales the sums by the dot's unit (2^-18 or 2^-20) once at the end
-    /// (kernels/reference.cu, `exact_int_dot`): that must give the bits of the CPU
-    /// reference's head sum over the dots themselves, for every weight and scale an f32
-    /// can hold (subnormal, huge, infinite, NaN), both scale placements.
-    #[test]
-    fn integer_head_sum_scaled_at_the_end_is_the_reference() {
-        use rand::{Rng, RngExt};
-        let mut rng = crate::generate::values::rng_for(17);
-        let relu = |x: f64| if x > 0.0 || x.is_nan() { x } else { 0.0 };
-        let same = |a: f64, b: f64| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
-        let f32_any = |rng: &mut proptest::test_runner::TestRng| -> f64 {
-            let bits = match rng.random_range(0..4) {
-                0 => rng.next_u32(),
-                1 => rng.next_u32() & 0x807f_ffff, // subnormal or zero
-                2 => (rng.next_u32() & 0x8000_0000) | 0x7f80_0000 | (rng.random_range(0..2) as u32), // inf or NaN
-                _ => (rng.next_u32() & 0x83ff_ffff) | 0x3c00_0000, // near 1
-            };
-            f32::from_bits(bits) as f64
-        };
-        for trial in 0..20_000 {
-            let unit = if trial % 2 == 0 {
-                2f64.powi(-18)
-            } else {
-                2f64.powi(-20)
-            };
-            let inside = trial % 4 < 2;
-            let heads = 1 + rng.random_range(0..64);
-            let scale = f32_any(&mut rng);
-            let (mut v, mut m, mut vi, mut mi) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
-            for _ in 0..heads {
-                let int = match rng.random_range(0..3) {
-                    0 => rng.random_range(-3i64..=3),
-                    1 => rng.random_range(-(1i64 << 20)..(1 << 20)),
-                    _ => rng.random_range(-(1i64 << 44) + 1..(1 << 44)),
-                } as f64;
-                let w = f32_any(&mut rng);
-                let dot = int * unit; // exact: the reference's dot
-                let (t, ti) = if inside {
-                    (w * relu(dot * scale), w * relu(int * scale))
-                } else {
-                    (w * relu(dot), w * relu(int))
-                };
-                v += t;
-                m += t.abs();
-                vi += ti;
-                mi += ti.abs();
-            }
-            let (vi, mi) = (vi * unit, mi * unit);
-            let (want, got) = if inside {
-                ((v, m), (vi, mi))
-            } else {
-                ((v * scale, m * scale.abs()), (vi * scale, mi * scale.abs()))
-            };
-            assert!(
-                same(want.0, got.0) && same(want.1, got.1),
-                "trial {trial}: {want:?} vs {got:?} (scale {scale:e}, inside {inside})"
-            );
-        }
-    }
-
-    /// `exact_int_dot` of kernels/reference.cu restated: the dot's integer made a double
-    /// through the bias 1.5 * 2^52 added to its high word alone, with the ReLU taken on
-    /// the integer (the scale after the sum) or not, is the integer (or its ReLU, +0.0 for
-    /// a negative one) exactly, over the whole range the limb sums reach.
-    #[test]
-    fn integer_dots_become_doubles_with_their_relu_exactly() {
-        use rand::RngExt;
-        let mut rng = crate::generate::values::rng_for(23);
-        let exact_int_dot = |t01: i32, t234: i32, relu_mask: i32| -> f64 {
-            let t = ((t234 as i64) << 14) + t01 as i64;
-            let (hi, lo) = ((t >> 32) as i32, t as i32);
-            let drop = (hi >> 31) & relu_mask;
-            let hi = (hi & !drop).wrapping_add(0x4338_0000);
-            let bits = ((hi as u32 as u64) << 32) | (lo & !drop) as u32 as u64;
-            f64::from_bits(bits) - 6_755_399_441_055_744.0
-        };
-        let bound = 1i32 << 29;
-        for trial in 0..200_000 {
-            let (t01, t234) = match trial % 4 {
-                0 => (rng.random_range(-3..=3), rng.random_range(-3..=3)),
-                1 => (rng.random_range(-bound..bound), 0),
-                _ => (
-                    rng.random_range(-bound..bound),
-                    rng.random_range(-bound..bound),
-                ),
-            };
-            let t = ((t234 as i64) << 14) + t01 as i64;
-            let plain = exact_int_dot(t01, t234, 0);
-            assert_eq!(plain, t as f64, "{t01} {t234}");
-            let relu = exact_int_dot(t01, t234, -1);
-            let want = if t > 0 { t as f64 } else { 0.0 };
-            assert_eq!(
-                relu.to_bits(),
-                want.to_bits(),
-                "{t01} {t234}: {relu} vs {want}"
-            );
-        }
-    }
-
-    #[test]
-    fn tunings_are_distinct_and_labelled() {
-        let labels: std::collections::BTreeSet<String> =
-            ReferenceTuning::ALL.iter().map(|t| t.label()).collect();
-        assert_eq!(labels.len(), ReferenceTuning::ALL.len());
-        for t in ReferenceTuning::PREFERRED {
-            assert!(ReferenceTuning::ALL.contains(&t), "{}", t.label());
-        }
-    }
-
-    /// The preferred tunings compile for Hopper, and the m16n8k16 form is refused
-    /// before Hopper (which `runs_on` mirrors). Needs NVRTC, not a GPU.
-    #[test]
-    fn preferred_tunings_compile_where_they_run() {
-        use super::super::compile::{cubin, Program};
-        if !super::super::sys::nvrtc_present() {
-            eprintln!("SKIP preferred_tunings_compile_where_they_run: libnvrtc not found");
-            return;
-        }
-        for t in ReferenceTuning::PREFERRED {
-            for dd in [64, 128] {
-                cubin(Program::Reference, "sm_90a", &t.defines(dd))
-                    .unwrap_or_else(|e| panic!("{}: {e}", t.label()));
-            }
-            assert_eq!(t.runs_on(8), !t.wide_mma);
-            if t.wide_mma {
-                assert!(cubin(Program::Reference, "sm_89", &t.defines(128)).is_err());
-            }
-        }
-    }
-}
+mod tests;
