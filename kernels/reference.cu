@@ -46,18 +46,11 @@
 //           at each chunk (ncu: "long scoreboard" stalls from 16% to 5% of the samples).
 //   NB      (with IMMA) n-tiles per accumulator pass, ONT by default: fewer accumulator
 //           registers (5 * 4 * NB), so three CTAs fit an SM, for more query fragment loads.
-//   ACC9=1  (with IMMA) one accumulator per limb product: see ACC9 below.
-//   QPRE=1  (with IMMA) the query limbs of every row split once, in fragment order, by a
-//           kernel of their own (reference_queries) that the host launches first: each
-//           CTA copies its rows' limbs (cp.async) instead of splitting them again (ncu: the
-//           split, done by each of the ~32 CTAs of a sequence, took 9% of the samples).
-//   WS=1    (with IMMA and KPF) warp-specialised: each of the OWARPS MMA warps is paired
-//           with a sum warp (warp + OWARPS) that does its head sums, so the MMA warps issue
-//           little but MMAs. A pair hands over each group's partial sums T01/T234 through a
-//           double buffer in shared memory, one named barrier per group (pair_sync); the
-//           sum warp converts them (exact_int_dot) one group behind. One CTA of 8 warps
-//           per SM: one MMA warp and one sum warp per scheduler (ncu had the tensor pipe
-//           idle whenever both warps of a scheduler were in their epilogue or head sum).
+//   SWZ=1   (with IMMA, no SPAD) the staged dots skewed in rows of 32: see SWZ below.
+//   FLAT=1  a grid of one wave of CTAs, each an equal share of the chunks of all sequences
+//           (chunk_prefix, from the host), instead of a CTA per (sequence, every
+//           gridDim.x-th chunk): the last wave no longer runs on a few SMs (production
+//           case, H100: 0.952 against 1.078 ms with the padded stage, BENCHMARKS.md).
 //
 // Integer dots (IMMA=1). An fp8 value times 2^9 (fn) or 2^10 (fnuz) is an integer v,
 // |v| < 2^18. Split |v| into 7-bit limbs (bits 0-6, 7-13, 14-17), each carrying v's
@@ -95,10 +88,7 @@
 #ifndef PIPE
 #define PIPE 0
 #endif
-// OWARPS warps own tokens (4, or 8 with WS: two MMA warps per scheduler).
-#ifndef OWARPS
 #define OWARPS 4
-#endif
 // ONT n-tiles of 8 tokens per warp (WT tokens: one per lane in the head sum), OTOK
 // tokens per CTA; SPAD pads each staged token's dots by one double, so the head sum's
 // loads (lane = token) hit distinct banks instead of one.
@@ -150,40 +140,11 @@
 #ifndef NB
 #define NB ONT
 #endif
-#ifndef WS
-#define WS 0
-#endif
-#ifndef QPRE
-#define QPRE 0
-#endif
-// FLAT=1: a grid of one wave, each CTA an equal share of the chunks of all sequences
-// (chunk_prefix from the host), instead of a CTA per (sequence, every gridDim.x-th chunk):
-// no wave ends with a few CTAs still running.
-#ifndef FLAT
-#define FLAT 0
-#endif
-#if QPRE && !IMMA
-#error "QPRE (query limbs split once, by reference_queries) is a form of the integer path"
-#endif
-// ACC9=1: one accumulator per limb product (i, j), not per power of two (i + j): the
-// chains of dependent MMAs are one per k-step instead of up to three (a warp that has
-// its scheduler to itself waits out the MMA latency on them), for 4 * NB * 4 more
-// registers. The sums are the same integers.
-#ifndef ACC9
-#define ACC9 0
-#endif
-#if ACC9
-#define NACC 9
-#else
-#define NACC 5
-#endif
-#if WS && !KPF
-#error "WS (warp-specialised) is a form of the integer path with the keys copied ahead"
-#endif
-// Warps per CTA: the OWARPS that own tokens, and with WS as many sum warps.
-#define CWARPS (OWARPS * (1 + WS))
 #if ONT % NB != 0
 #error "NB divides ONT"
+#endif
+#ifndef FLAT
+#define FLAT 0
 #endif
 #if KPF && (!IMMA || KPT % 16 != 0)
 #error "KPF (keys copied ahead) is a form of the integer path, D a multiple of 64"
@@ -206,11 +167,11 @@
 #endif
 #define SHEADS (8 * MTG)
 // SWZ=1 (integer path, no SPAD): each token's 16 staged dots start skewed by a function
-// of the token within a row of 32 slots, so that both the MMA warps' stores (lanes: 4
+// of the token within a row of 32 slots, so that both the MMA epilogue's stores (lanes: 4
 // tokens x 8 heads) and the head sum's loads (lanes: 32 tokens, one head) are free of
 // bank conflicts; with SPAD=1 the loads are, but each store is 2-way conflicted (ncu:
-// about half the shared store wavefronts). The skew is additive, so every address is a
-// lane's base plus an immediate.
+// about half the shared store wavefronts). The skew is added, not XORed, so every address
+// is a lane's base plus an immediate (an XOR took registers: ptxas spilled).
 #ifndef SWZ
 #define SWZ 0
 #endif
@@ -225,14 +186,6 @@
 #else
 #define SROW (SHEADS + SPAD)
 #define STAGE_SLOT(tok, head) ((tok) * SROW + (head))
-#endif
-#if WS
-// One handover buffer of a warp pair: the staged T01/T234 of WT tokens (rows of SROW
-// int2), then each token's scale (double) and NaN flag (int); in doubles.
-#define WS_BUF (WT * SROW + WT + WT / 2)
-#define STAGE_DOUBLES (OWARPS * 2 * WS_BUF)
-#else
-#define STAGE_DOUBLES (OWARPS * (1 + PIPE) * WT * SROW)
 #endif
 // How a decoded key sits in registers: as its f64, or (KHI) as the f64's high word,
 // which halves the registers the keys hold (the operand is rebuilt by a move).
@@ -339,17 +292,6 @@ __device__ __forceinline__ double exact_int_dot(int t01, int t234, int relu_mask
     return __dsub_rn(__hiloint2double((hi & ~drop) + 0x43380000, lo & ~drop), 6755399441055744.0);
 }
 
-// A staged dot of the head sum: as the MMA warp left it (WS: T01/T234, converted
-// here), or already a double.
-__device__ __forceinline__ double staged_dot(const double* sb, int i, int relu_mask) {
-#if WS
-    const int2 e = ((const int2*)sb)[i];
-    return exact_int_dot(e.x, e.y, relu_mask);
-#else
-    return sb[i];
-#endif
-}
-
 // The order of the nine limb products (i, j) of a k-step, as nibbles: the MMAs into
 // one accumulator (i + j) are at least four pairs apart (sums 2 1 3 0 2 1 3 4 2), so a
 // warp issues them back to back without waiting for an MMA's result.
@@ -367,12 +309,6 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 #endif
 
-#if WS
-// The named barrier of warp pair `pair` (its MMA warp and its sum warp: 64 threads;
-// barrier 0 is __syncthreads'). It orders their shared memory accesses too.
-__device__ __forceinline__ void pair_sync(int pair) { asm volatile("bar.sync %0, 64;\n" ::"r"(pair + 1) : "memory"); }
-#endif
-
 #if DW
 // m16n8k16 (sm_90+): A rows g (a[0,2,4,6]) and g+8 (a[1,3,5,7]) at k = t4 + 4j for
 // a[2j], a[2j+1] and b[j]; C rows g (c0, c1) and g+8 (c2, c3), columns 2*t4 + {0, 1}.
@@ -387,59 +323,11 @@ __device__ __forceinline__ void dmma16(double* lo, double* hi, const double* a, 
 #endif
 
 // value/mag: compact rows (row r starts at row_off[r]); inside: 1 for InsideRelu;
-// nr: next_n rows whose queries fit shared memory at once. Heads must be a multiple
-// of 8 * MTG.
-#if IMMA
-// QPRE: the queries of every row (r * H + h over all B * next_n rows) as limbs in the
-// order the MMAs read them (row r's block at r * H * 3 * DD bytes, laid out as the shared
-// memory's QFRAG), and each head's weight as an f64, NaN where a query code of the head is
-// NaN. A thread a 4-byte word of codes, PREP_WORDS of them loaded before any is split (the
-// loads coalesced); a head's DD / 4 words lie within one warp, so a ballot gives its NaN.
-#define PREP_WORDS 8
-extern "C" __global__ void __launch_bounds__(256) reference_queries(const Params p, u8* qlimbs, double* wq) {
-    __shared__ u32 ltab[256];
-    for (int k = threadIdx.x; k < 256; k += blockDim.x) ltab[k] = limb_entry(p.decode[(p.fnuz ? 256 : 0) + k], p.fnuz);
-    __syncthreads();
-    const int H = p.heads, lane = threadIdx.x & 31;
-    const i64 words = (i64)p.batch * p.next_n * H * (DD / 4);
-    const i64 w0 = (i64)blockIdx.x * blockDim.x * PREP_WORDS + threadIdx.x;
-    u32 qw[PREP_WORDS];
-#pragma unroll
-    for (int k = 0; k < PREP_WORDS; k++) {
-        const i64 w = w0 + (i64)k * blockDim.x;
-        qw[k] = w < words ? ((const u32*)p.q)[w] : 0u;
-    }
-#pragma unroll
-    for (int k = 0; k < PREP_WORDS; k++) {
-        const i64 w = w0 + (i64)k * blockDim.x;
-        if (w - lane >= words) break;  // uniform per warp: its first word is past the end
-        u32 nan = 0;
-        const int rh = (int)(w / (DD / 4)), d = (int)(w % (DD / 4)) * 4;
-        if (w < words) {
-            u32 l[3];
-            nan = split_limbs(ltab, qw[k], l);
-            const int r = rh / H, h = rh % H, ft = d / KPT, fs = (d % KPT) >> 3, fh = (d >> 2) & 1;
-            u32* dst = (u32*)qlimbs + 4 * (u64)QFRAG(r, h >> 4, 0, fs, (h & 7) * 4 + ft) + fh * 2 + ((h >> 3) & 1);
-#pragma unroll
-            for (int j = 0; j < 3; j++) dst[j * KSTEPS * 32 * 4] = l[j];
-        }
-        // The lanes of this head (DD / 4 of them from a multiple of DD / 4): any NaN?
-        const u32 bal = __ballot_sync(0xffffffffu, nan != 0);
-        const u32 mine = (DD / 4 == 32 ? 0xffffffffu : ((1u << (DD / 4)) - 1) << (lane & ~(DD / 4 - 1)));
-        if (w < words && d == 0) wq[rh] = (bal & mine) ? __longlong_as_double(0x7ff8000000000000LL) : (double)p.weights[rh];
-    }
-}
-#endif
-
-// The body of the kernel for the warps of one role (ROLE_ALL without WS): with WS each
-// role's code is compiled apart, so that setmaxnreg can give the MMA warps the registers
-// the sum warps do not need (MREG/SREG).
-#define ROLE_ALL 0
-#define ROLE_MMA 1
-#define ROLE_SUM 2
-template <int ROLE>
-__device__ __forceinline__ void reference_body(const Params& p, const u64* row_off, double* value, double* mag, int inside, int nr,
-                                               const u8* qlimbs, const double* wq, const int* chunk_prefix) {
+// nr: next_n rows whose queries fit shared memory at once; chunk_prefix (FLAT): the
+// chunks before each sequence, batch + 1 of them (null otherwise). Heads must be a
+// multiple of 8 * MTG.
+extern "C" __global__ void __launch_bounds__(OWARPS * 32, OMINB) reference_f64(const Params p, const u64* row_off, double* value, double* mag, int inside, int nr,
+                                                                             const int* chunk_prefix) {
     extern __shared__ __align__(16) double osm[];
     const int H = p.heads;
     double* tab = osm;                             // 256
@@ -448,17 +336,12 @@ __device__ __forceinline__ void reference_body(const Params& p, const u64* row_o
     // Each row's output offset and V(r) length, read once per block of rows.
     u64* soff = (u64*)(wd + nr * H);               // nr
     int* slen = (int*)(soff + nr);                 // nr (in nr u64s)
-    double* stage = (double*)(soff + 2 * nr);      // STAGE_DOUBLES
+    double* stage = (double*)(soff + 2 * nr);      // OWARPS * (1 + PIPE) * WT tokens * SROW
 #else
-    double* stage = wd + nr * H;                   // STAGE_DOUBLES
+    double* stage = wd + nr * H;                   // OWARPS * (1 + PIPE) * WT tokens * SROW
 #endif
-    qelem* qf = (qelem*)(stage + STAGE_DOUBLES);  // nr * H rows of QRS (permuted)
-    const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
-    // `warp`: the warp whose WT tokens of a chunk this one works on (with WS, a sum warp
-    // works on its MMA warp's). mma_warp/sum_warp: its roles (both without WS).
-    const int warp = WS ? (threadIdx.x >> 5) % OWARPS : threadIdx.x >> 5;
-    constexpr bool mma_warp = ROLE != ROLE_SUM, sum_warp = ROLE != ROLE_MMA;
-    int step = 0;  // groups handed over so far (WS: the buffer's parity)
+    qelem* qf = (qelem*)(stage + OWARPS * (1 + PIPE) * WT * SROW);  // nr * H rows of QRS (permuted)
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
 #if IMMA
     u32* ltab = (u32*)tab;  // 256 limb entries in the decode table's place
     for (int k = threadIdx.x; k < 256; k += blockDim.x) ltab[k] = limb_entry(p.decode[(p.fnuz ? 256 : 0) + k], p.fnuz);
@@ -480,8 +363,8 @@ __device__ __forceinline__ void reference_body(const Params& p, const u64* row_o
 #endif
 #if FLAT
     // This CTA's share of all the chunks, sequence after sequence (chunk_prefix[b]: the
-    // chunks before sequence b), as equal as whole chunks allow: one wave of CTAs that end
-    // together. A CTA's share spans a sequence or a few; each gets its queries anew.
+    // chunks before sequence b), as equal as whole chunks allow. A share spans one
+    // sequence or a few; the queries are decoded for each.
     const int all_chunks = chunk_prefix[p.batch];
     const int g_begin = (int)((i64)blockIdx.x * all_chunks / gridDim.x);
     const int g_end = (int)((i64)(blockIdx.x + 1) * all_chunks / gridDim.x);
@@ -552,37 +435,15 @@ __device__ __forceinline__ void reference_body(const Params& p, const u64* row_o
                 cp_async_commit();
             };
             // The first chunk's copies overlap the query decode below.
-            if (mma_warp) {
-                pf_ids(c_first);
-                pf_copy(c_first);
-            }
+            pf_ids(c_first);
+            pf_copy(c_first);
 #endif
             // Four codes per 32-bit load (D % 16 == 0: they share a row and a lane's
             // segment), several loads in flight: a byte-wise loop waited out one global
             // latency per code, which made short chunks per CTA expensive.
             const u8* qsrc = p.q + ((u64)(b * p.next_n + i0) * H) * DD;
-#if QPRE
-            {
-                // The rows' limbs as reference_queries left them: one contiguous copy.
-                const u64 r0 = (u64)(b * p.next_n + i0);
-                const uint4* src = (const uint4*)(qlimbs + r0 * H * 3 * DD);
-                const int n16 = rows_here * H * 3 * DD / 16;
-                for (int e = threadIdx.x; e < n16; e += blockDim.x) cp_async16((uint4*)qb + e, src + e);
-                cp_async_commit();
-                for (int e = threadIdx.x; e < rows_here * H; e += blockDim.x) wd[e] = wq[r0 * H + e];
-                (void)qsrc;
-            }
-#else
             for (int e = threadIdx.x; e < rows_here * H; e += blockDim.x) wd[e] = (double)p.weights[(u64)(b * p.next_n + i0) * H + e];
-#endif
-#if IMMA && QPRE
-            for (int ii = threadIdx.x; ii < rows_here; ii += blockDim.x) {
-                const int r = b * p.next_n + i0 + ii;
-                soff[ii] = row_off[r];
-                slen[ii] = valid_len(p, r);
-            }
-            cp_async_wait_all();  // this thread's copies; the barrier below makes them everyone's
-#elif IMMA
+#if IMMA
             __syncthreads();  // the weights first: a NaN query below sets its head's to NaN
             // QLOADS words per thread loaded before any is split: the loads are in flight
             // together (split one by one, each waited out its own global latency: ncu put
@@ -640,21 +501,19 @@ __device__ __forceinline__ void reference_body(const Params& p, const u64* row_o
                 u32 kb[ONT][KPT / 8][3][2];
                 bool my_nan = false;
 #if KPF
-                const int cn = c + c_step;
-                bool pf_pending = mma_warp && cn < c_end;
-                if (mma_warp) {
-                    cp_async_wait_all();  // this lane's own copies: it reads only those
+                cp_async_wait_all();  // this lane's own copies: it reads only those
 #pragma unroll
-                    for (int n = 0; n < ONT; n++) {
-                        u32 nan = 0;
+                for (int n = 0; n < ONT; n++) {
+                    u32 nan = 0;
 #pragma unroll
-                        for (int q = 0; q < KPT / 16; q++)
-                            nan |= split_key16(ltab, *(const uint4*)(kpw + (n * (KPT / 16) + q) * 128 + lane * 4), kb[n], 2 * q);
-                        const u32 bal = __ballot_sync(0xffffffffu, nan != 0);
-                        if ((lane >> 3) == n) my_nan = ((bal >> ((lane & 7) * 4)) & 0xF) != 0;
-                    }
-                    if (pf_pending) pf_ids(cn);
+                    for (int q = 0; q < KPT / 16; q++)
+                        nan |= split_key16(ltab, *(const uint4*)(kpw + (n * (KPT / 16) + q) * 128 + lane * 4), kb[n], 2 * q);
+                    const u32 bal = __ballot_sync(0xffffffffu, nan != 0);
+                    if ((lane >> 3) == n) my_nan = ((bal >> ((lane & 7) * 4)) & 0xF) != 0;
                 }
+                const int cn = c + c_step;
+                bool pf_pending = cn < c_end;
+                if (pf_pending) pf_ids(cn);
 #else
 #pragma unroll
                 for (int n = 0; n < ONT; n++) {
@@ -718,7 +577,7 @@ __device__ __forceinline__ void reference_body(const Params& p, const u64* row_o
                 // Lanes 0..WT-1 of each warp own one token each for the combine.
                 const int my_tok = c * OTOK + warp * WT + lane;
                 double my_scale = 0.0;
-                if (mma_warp && lane < WT && my_tok < stok) {  // a sum warp's comes with each group
+                if (lane < WT && my_tok < stok) {
 #if KPF
                     my_scale = (double)ksc[lane];
 #else
@@ -750,10 +609,10 @@ __device__ __forceinline__ void reference_body(const Params& p, const u64* row_o
 #pragma unroll
                                 for (int hh = 0; hh < SHEADS; hh += 2) {
                                     const double2 w = w2[hh / 2];
-                                    const double t0 = __dmul_rn(w.x, staged_dot(sb, STAGE_SLOT(lane, hh), relu_mask));
+                                    const double t0 = __dmul_rn(w.x, sb[STAGE_SLOT(lane, hh)]);
                                     v = __dadd_rn(v, t0);
                                     m = __dadd_rn(m, fabs(t0));
-                                    const double t1 = __dmul_rn(w.y, staged_dot(sb, STAGE_SLOT(lane, hh + 1), relu_mask));
+                                    const double t1 = __dmul_rn(w.y, sb[STAGE_SLOT(lane, hh + 1)]);
                                     v = __dadd_rn(v, t1);
                                     m = __dadd_rn(m, fabs(t1));
                                 }
@@ -762,11 +621,7 @@ __device__ __forceinline__ void reference_body(const Params& p, const u64* row_o
 #endif
 #pragma unroll
                             for (int hh = 0; hh < SHEADS; hh++) {
-#if IMMA
-                                const double dot = staged_dot(sb, STAGE_SLOT(lane, hh), relu_mask);
-#else
-                                const double dot = sb[lane * SROW + hh];
-#endif
+                                const double dot = sb[STAGE_SLOT(lane, hh)];
                                 const double w = wd[ii * H + mt * 8 + hh];
                                 double t = inside ? __dmul_rn(w, relu_keep_nan_d(__dmul_rn(dot, my_scale)))
                                                   : __dmul_rn(w, relu_keep_nan_d(dot));
@@ -778,92 +633,51 @@ __device__ __forceinline__ void reference_body(const Params& p, const u64* row_o
                     double* st0 = stage + warp * (1 + PIPE) * WT * SROW;
                     for (int mt = 0; mt < H / 8; mt += MTG) {
 #if IMMA
-#if WS
-                        double* st = stage + (warp * 2 + (step & 1)) * WS_BUF;
-                        step++;
-#else
                         double* st = st0;
-#endif
                         // NB n-tiles per pass: acc[i + j][n] sums limb-i queries times limb-j
                         // keys of n-tile n0 + n (fewer passes reload fewer query fragments,
                         // more hold more accumulators).
-                        if (mma_warp) {
 #pragma unroll
-                            for (int n0 = 0; n0 < ONT; n0 += NB) {
-                                int acc[NACC][NB][4];
+                        for (int n0 = 0; n0 < ONT; n0 += NB) {
+                            int acc[5][NB][4];
 #pragma unroll
-                                for (int i = 0; i < NACC; i++)
+                            for (int i = 0; i < 5; i++)
 #pragma unroll
-                                    for (int n = 0; n < NB; n++) acc[i][n][0] = acc[i][n][1] = acc[i][n][2] = acc[i][n][3] = 0;
+                                for (int n = 0; n < NB; n++) acc[i][n][0] = acc[i][n][1] = acc[i][n][2] = acc[i][n][3] = 0;
 #pragma unroll
-                                for (int s = 0; s < KPT / 8; s++) {
-                                    u32 a[3][4];
+                            for (int s = 0; s < KPT / 8; s++) {
+                                u32 a[3][4];
 #pragma unroll
-                                    for (int i = 0; i < 3; i++) {
-                                        const uint4 f = ((const uint4*)qb)[QFRAG(ii, mt / 2, i, s, lane)];
-                                        a[i][0] = f.x; a[i][1] = f.y; a[i][2] = f.z; a[i][3] = f.w;
-                                    }
-#pragma unroll
-                                    for (int q = 0; q < 9; q++) {
-                                        const int i = (LIMB_I >> (4 * q)) & 0xF, j = (LIMB_J >> (4 * q)) & 0xF;
-#pragma unroll
-                                        for (int n = 0; n < NB; n++) imma(acc[ACC9 ? q : i + j][n], a[i], kb[n0 + n][s][j]);
-                                    }
+                                for (int i = 0; i < 3; i++) {
+                                    const uint4 f = ((const uint4*)qb)[QFRAG(ii, mt / 2, i, s, lane)];
+                                    a[i][0] = f.x; a[i][1] = f.y; a[i][2] = f.z; a[i][3] = f.w;
                                 }
+#pragma unroll
+                                for (int q = 0; q < 9; q++) {
+                                    const int i = (LIMB_I >> (4 * q)) & 0xF, j = (LIMB_J >> (4 * q)) & 0xF;
+#pragma unroll
+                                    for (int n = 0; n < NB; n++) imma(acc[i + j][n], a[i], kb[n0 + n][s][j]);
+                                }
+                            }
 #if KPF
-                                if (pf_pending) {  // the table ids have had the MMAs' time to arrive
-                                    pf_copy(cn);
-                                    pf_pending = false;
+                            if (pf_pending) {  // the table ids have had the MMAs' time to arrive
+                                pf_copy(cn);
+                                pf_pending = false;
+                            }
+#endif
+                            // acc[.][n][x]: head mt*8 + g (x = 0, 1) or + 8 (x = 2, 3), token
+                            // (n0 + n)*8 + 2*t4 + (x & 1).
+#pragma unroll
+                            for (int n = 0; n < NB; n++)
+#pragma unroll
+                                for (int x = 0; x < 4; x++) {
+                                    const int t01 = acc[0][n][x] + acc[1][n][x] * 128;
+                                    const int t234 = acc[2][n][x] + acc[3][n][x] * 128 + acc[4][n][x] * 16384;
+                                    st[STAGE_SLOT((n0 + n) * 8 + 2 * t4 + (x & 1), (x >> 1) * 8 + g)] = exact_int_dot(t01, t234, relu_mask);
                                 }
-#endif
-                                // acc[.][n][x]: head mt*8 + g (x = 0, 1) or + 8 (x = 2, 3), token
-                                // (n0 + n)*8 + 2*t4 + (x & 1).
-#pragma unroll
-                                for (int n = 0; n < NB; n++)
-#pragma unroll
-                                    for (int x = 0; x < 4; x++) {
-#if ACC9
-                                        int sum[5] = {0, 0, 0, 0, 0};  // by power of two i + j
-#pragma unroll
-                                        for (int q = 0; q < 9; q++) sum[((LIMB_I >> (4 * q)) & 0xF) + ((LIMB_J >> (4 * q)) & 0xF)] += acc[q][n][x];
-#else
-                                        const int* sum_of[5] = {acc[0][n], acc[1][n], acc[2][n], acc[3][n], acc[4][n]};
-                                        int sum[5];
-#pragma unroll
-                                        for (int k = 0; k < 5; k++) sum[k] = sum_of[k][x];
-#endif
-                                        const int t01 = sum[0] + sum[1] * 128;
-                                        const int t234 = sum[2] + sum[3] * 128 + sum[4] * 16384;
-                                        const int at = STAGE_SLOT((n0 + n) * 8 + 2 * t4 + (x & 1), (x >> 1) * 8 + g);
-#if WS
-                                        ((int2*)st)[at] = make_int2(t01, t234);  // the sum warp converts them
-#else
-                                        st[at] = exact_int_dot(t01, t234, relu_mask);
-#endif
-                                    }
-                            }
                         }
-#if WS
-                        // The handover: the MMA warp's group in, then the sum warp's head sum of
-                        // it while the MMA warp computes the next group into the other buffer.
-                        double* st_scale = st + WT * SROW;
-                        int* st_nan = (int*)(st_scale + WT);
-                        if (mma_warp) {
-                            if (lane < WT) {
-                                st_scale[lane] = my_scale;
-                                st_nan[lane] = my_nan;
-                            }
-                            pair_sync(warp);
-                        } else {
-                            pair_sync(warp);
-                            if (lane < WT) {
-                                my_scale = st_scale[lane];
-                                my_nan = st_nan[lane] != 0;
-                            }
-                            combine(st, mt);
-                        }
-#else
                         __syncwarp();
+#if !PIPE
                         combine(st, mt);
                         __syncwarp();
 #endif
@@ -952,7 +766,7 @@ __device__ __forceinline__ void reference_body(const Params& p, const u64* row_o
                     m = __dmul_rn(m, unit);
                     if (my_nan) v = m = __longlong_as_double(0x7ff8000000000000LL);
 #endif
-                    if (sum_warp && lane < WT && my_tok < len) {
+                    if (lane < WT && my_tok < len) {
 #if IMMA
                         const u64 o = soff[ii] + my_tok;
 #else
@@ -968,25 +782,4 @@ __device__ __forceinline__ void reference_body(const Params& p, const u64* row_o
             }
         }
     }
-}
-
-// qlimbs/wq: reference_queries' output with QPRE; chunk_prefix: the chunks before each
-// sequence (batch + 1 of them) with FLAT; else unused (null).
-extern "C" __global__ void __launch_bounds__(CWARPS * 32, OMINB) reference_f64(const Params p, const u64* row_off, double* value, double* mag, int inside, int nr,
-                                                                             const u8* qlimbs, const double* wq, const int* chunk_prefix) {
-#if WS
-    if ((threadIdx.x >> 5) < OWARPS) {
-#ifdef MREG
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(MREG));
-#endif
-        reference_body<ROLE_MMA>(p, row_off, value, mag, inside, nr, qlimbs, wq, chunk_prefix);
-    } else {
-#ifdef SREG
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(SREG));
-#endif
-        reference_body<ROLE_SUM>(p, row_off, value, mag, inside, nr, qlimbs, wq, chunk_prefix);
-    }
-#else
-    reference_body<ROLE_ALL>(p, row_off, value, mag, inside, nr, qlimbs, wq, chunk_prefix);
-#endif
 }

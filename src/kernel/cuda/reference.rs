@@ -194,47 +194,14 @@ pub fn compute_device(
     let mut p = dc.params;
     let mut inside = (placement == ScalePlacement::InsideRelu) as i32;
     let mut nr = nr as i32;
-    // With the query pre-pass: every row's query limbs and weights, split once.
-    let prepass = if tuning.query_prepass {
-        let rows_heads = (s.batch * s.next_n * s.heads) as u64;
-        let limbs = DeviceMemory::alloc(rows_heads * 3 * s.head_dim as u64).map_err(failure)?;
-        let weights = DeviceMemory::alloc(rows_heads * 8).map_err(failure)?;
-        let prep = gpu
-            .function(
-                Program::Reference,
-                "reference_queries",
-                &tuning.defines(s.head_dim),
-            )
-            .map_err(GpuFailure::Environment)?;
-        Some((prep, limbs, weights, rows_heads))
-    } else {
-        None
-    };
-    let (mut limbs_ptr, mut weights_ptr) = prepass
-        .as_ref()
-        .map_or((0u64, 0u64), |(_, l, w, _)| (l.ptr(), w.ptr()));
     let timer = Timer::new().map_err(failure)?;
     let mut times = Vec::new();
     for _ in 0..reps.max(1) {
         timer.start().map_err(failure)?;
-        if let Some((prep, _, _, rows_heads)) = &prepass {
-            launch(
-                prep,
-                // 256 threads of 8 words (kernels/reference.cu, PREP_WORDS).
-                (
-                    (rows_heads * s.head_dim as u64 / 4).div_ceil(256 * 8) as u32,
-                    1,
-                    1,
-                ),
-                256,
-                0,
-                &mut [&mut p, &mut limbs_ptr, &mut weights_ptr],
-            )?;
-        }
         launch(
             &f,
             (gx, gy, 1),
-            tuning.threads(),
+            128,
             smem,
             &mut [
                 &mut p,
@@ -243,8 +210,6 @@ pub fn compute_device(
                 &mut mag.ptr(),
                 &mut inside,
                 &mut nr,
-                &mut limbs_ptr,
-                &mut weights_ptr,
                 &mut prefix_ptr,
             ],
         )?;

@@ -55,29 +55,10 @@ pub struct ReferenceTuning {
     /// of them): fewer hold fewer accumulator registers, so more CTAs fit an SM, for
     /// more loads of each query fragment.
     pub acc_tiles: usize,
-    /// The integer path with the keys copied ahead, warp-specialised: each of the 4
-    /// warps that compute the MMAs is paired with a warp that does its head sums, one
-    /// group behind, through a double buffer in shared memory. One CTA of 8 warps per SM,
-    /// so each scheduler has one MMA warp and one summing warp.
-    pub warp_specialized: bool,
-    /// The integer path with one accumulator per limb product (nine), not one per power
-    /// of two (five): a chain of dependent MMAs per k-step instead of up to three, for
-    /// more registers.
-    pub acc_per_product: bool,
-    /// Warps that own tokens and compute the MMAs: 4, or with `warp_specialized` 8 (two
-    /// per scheduler, each paired with a summing warp: 16 warps a CTA).
-    pub mma_warps: usize,
-    /// With 8 MMA warps: the registers `setmaxnreg` gives each MMA warp (the summing
-    /// warps get 256 less this); 0 leaves every warp the launch's 128.
-    pub mma_regs: usize,
     /// The integer path's staged dots skewed by a function of the token in rows of 32
     /// slots: free of bank conflicts for the stores as well as the head sum's loads (the
     /// padding frees only the loads). Takes no `padded_stage`.
     pub swizzled_stage: bool,
-    /// The integer path with every row's query limbs split once, by a kernel launched
-    /// before the reference (`reference_queries`): each CTA copies its rows' limbs instead
-    /// of splitting them again (about 32 CTAs a sequence on the production case did).
-    pub query_prepass: bool,
     /// One wave of CTAs, each an equal share of the chunks of all sequences, instead of a
     /// CTA per sequence and `chunks_per_cta` of its chunks: no CTA ends a wave late.
     pub flat_grid: bool,
@@ -103,14 +84,21 @@ impl ReferenceTuning {
     pub const INT8_AHEAD: ReferenceTuning = ReferenceTuning::INT8.prefetched();
     /// [`Self::INT8_AHEAD`] accumulating two n-tiles of 8 tokens per pass over the limbs,
     /// not all four at once: 40 accumulator registers a warp instead of 80 (ptxas: 248
-    /// registers and no spills, against 255 and 96 bytes spilled), the default on sm_80
-    /// and newer.
+    /// registers and no spills, against 255 and 96 bytes spilled).
     pub const INT8_AHEAD_SPLIT: ReferenceTuning = ReferenceTuning::INT8_AHEAD.acc_tiles(2);
+    /// [`Self::INT8_AHEAD_SPLIT`] on a flat grid (one wave of CTAs sharing all chunks
+    /// equally) with the staged dots skewed instead of padded (no bank conflicts on the
+    /// stores either): the default on sm_80 and newer.
+    pub const INT8_FLAT: ReferenceTuning = ReferenceTuning::INT8_AHEAD_SPLIT.swizzled().flat();
     /// The default before sm_90 (m8n8k4 only): high words, padded stage, float4 loads.
     pub const NARROW: ReferenceTuning = ReferenceTuning::VECTOR.hi_words().hi_keys().padded();
 
-    /// Fastest first, as measured on the H200 (BENCHMARKS.md, sessions 3, 17, 19 and 23):
-    /// [`Self::INT8_AHEAD_SPLIT`] takes the production case to 1.088 ms against 1.149-1.151
+    /// Fastest first, as measured on the H200 (BENCHMARKS.md, sessions 3, 17, 19 and 23)
+    /// and the H100 (session 25): [`Self::INT8_FLAT`] takes the production case to
+    /// 0.937-0.940 ms against 1.078-1.086 ms for [`Self::INT8_AHEAD_SPLIT`] in the same
+    /// calls (H100), and the small cases to 0.032-0.033/0.055-0.056 against
+    /// 0.035-0.040/0.056-0.057 ms. On the H200, [`Self::INT8_AHEAD_SPLIT`] takes the
+    /// production case to 1.088 ms against 1.149-1.151
     /// ms for [`Self::INT8_AHEAD`] in the same call (1.071-1.081 ms on session 19's
     /// machine), and is as fast or faster on the two small cases (0.039/0.060 against
     /// 0.039/0.062 ms); [`Self::INT8`] takes it to 1.154-1.176 ms (1.267 ms before its
@@ -118,10 +106,11 @@ impl ReferenceTuning {
     /// ~62% of the FP64 tensor peak). [`Self::WIDE`] had taken the production case from
     /// 3.22 ms ([`Self::VECTOR`]); [`Self::NARROW`] (2.51 ms) is the best without an
     /// integer or m16n8k16 MMA; the plain kernel takes every other shape.
-    /// [`Self::INT8_AHEAD`] is not listed: it fits and runs exactly where
-    /// [`Self::INT8_AHEAD_SPLIT`] does, so it would never be picked.
+    /// [`Self::INT8_AHEAD`] and [`Self::INT8_AHEAD_SPLIT`] are not listed: they fit and
+    /// run exactly where [`Self::INT8_FLAT`] does (its larger stage still leaves room for a
+    /// row of 128 heads), so they would never be picked.
     pub const PREFERRED: [ReferenceTuning; 6] = [
-        ReferenceTuning::INT8_AHEAD_SPLIT,
+        ReferenceTuning::INT8_FLAT,
         ReferenceTuning::INT8,
         ReferenceTuning::WIDE,
         ReferenceTuning::NARROW,
@@ -133,7 +122,7 @@ impl ReferenceTuning {
     /// CPU: the defaults, and the variants that show what each define is worth (every
     /// code path of `reference.cu` is in at least one). Earlier measured variants are in
     /// BENCHMARKS.md.
-    pub const ALL: [ReferenceTuning; 53] = [
+    pub const ALL: [ReferenceTuning; 29] = [
         ReferenceTuning::PLAIN,
         ReferenceTuning::new(true, 1, 3, false, false),
         ReferenceTuning::new(false, 2, 3, false, false),
@@ -154,62 +143,15 @@ impl ReferenceTuning {
         ReferenceTuning::INT8_AHEAD.chunks(4),
         ReferenceTuning::INT8_AHEAD.chunks(16),
         ReferenceTuning::INT8_AHEAD_SPLIT,
-        ReferenceTuning::INT8_AHEAD_SPLIT.specialized(),
-        ReferenceTuning::INT8_AHEAD_SPLIT.specialized().chunks(16),
-        ReferenceTuning::INT8_AHEAD.acc_tiles(1).specialized(),
+        ReferenceTuning::INT8_AHEAD_SPLIT.swizzled(),
+        ReferenceTuning::INT8_AHEAD_SPLIT.flat(),
+        ReferenceTuning::INT8_FLAT,
         ReferenceTuning::INT8_AHEAD.acc_tiles(2).ctas(3),
         ReferenceTuning::INT8_AHEAD.acc_tiles(1).ctas(3),
         ReferenceTuning::INT8_AHEAD.acc_tiles(2).ctas(3).chunks(16),
         ReferenceTuning::INT8.acc_tiles(2).ctas(3),
         ReferenceTuning::int8(3, 2),
         ReferenceTuning::int8(4, 2),
-        ReferenceTuning::INT8_AHEAD.acc_tiles(1).acc9(),
-        ReferenceTuning::INT8_AHEAD_SPLIT.acc9(),
-        ReferenceTuning::INT8_AHEAD
-            .acc_tiles(1)
-            .acc9()
-            .specialized(),
-        ReferenceTuning::INT8_AHEAD_SPLIT.acc9().specialized(),
-        ReferenceTuning::INT8_AHEAD_SPLIT.two_mma_warps(192),
-        ReferenceTuning::INT8_AHEAD_SPLIT.two_mma_warps(200),
-        ReferenceTuning::INT8_AHEAD.acc_tiles(1).two_mma_warps(192),
-        ReferenceTuning::INT8_AHEAD_SPLIT.two_mma_warps(0),
-        ReferenceTuning::INT8_AHEAD_SPLIT.swizzled(),
-        ReferenceTuning::INT8_AHEAD_SPLIT
-            .two_mma_warps(192)
-            .swizzled(),
-        ReferenceTuning::INT8.acc_tiles(2).ctas(3).swizzled(),
-        ReferenceTuning::INT8_AHEAD_SPLIT.prepassed(),
-        ReferenceTuning::INT8_AHEAD_SPLIT.swizzled().prepassed(),
-        ReferenceTuning::INT8_AHEAD_SPLIT
-            .swizzled()
-            .prepassed()
-            .chunks(2),
-        ReferenceTuning::INT8_AHEAD_SPLIT
-            .swizzled()
-            .prepassed()
-            .chunks(6),
-        ReferenceTuning::INT8_AHEAD_SPLIT
-            .swizzled()
-            .prepassed()
-            .chunks(4),
-        ReferenceTuning::INT8_AHEAD_SPLIT
-            .two_mma_warps(192)
-            .swizzled()
-            .prepassed(),
-        ReferenceTuning::INT8_AHEAD_SPLIT
-            .swizzled()
-            .prepassed()
-            .flat(),
-        ReferenceTuning::INT8_AHEAD_SPLIT.swizzled().flat(),
-        ReferenceTuning::INT8_AHEAD_SPLIT.flat(),
-        ReferenceTuning::INT8_AHEAD.swizzled().flat(),
-        ReferenceTuning::INT8.acc_tiles(2).ctas(3).swizzled().flat(),
-        ReferenceTuning::INT8_AHEAD_SPLIT
-            .two_mma_warps(192)
-            .swizzled()
-            .flat(),
-        ReferenceTuning::INT8.acc_tiles(2).swizzled().flat(),
     ];
 
     const fn new(
@@ -234,12 +176,7 @@ impl ReferenceTuning {
             int_mma: false,
             prefetch_keys: false,
             acc_tiles: 0,
-            warp_specialized: false,
-            acc_per_product: false,
-            mma_warps: 4,
-            mma_regs: 0,
             swizzled_stage: false,
-            query_prepass: false,
             flat_grid: false,
         }
     }
@@ -305,46 +242,11 @@ impl ReferenceTuning {
         }
     }
 
-    /// Warp-specialised, one CTA of 8 warps per SM.
-    const fn specialized(self) -> Self {
-        ReferenceTuning {
-            warp_specialized: true,
-            ctas_per_sm: 1,
-            ..self
-        }
-    }
-
-    /// Nine accumulators, one per limb product.
-    const fn acc9(self) -> Self {
-        ReferenceTuning {
-            acc_per_product: true,
-            ..self
-        }
-    }
-
-    /// Warp-specialised with two MMA warps per scheduler (16 warps a CTA), `mma_regs`
-    /// registers for each MMA warp.
-    const fn two_mma_warps(self, mma_regs: usize) -> Self {
-        ReferenceTuning {
-            mma_warps: 8,
-            mma_regs,
-            ..self.specialized()
-        }
-    }
-
-    /// The staged dots swizzled instead of padded.
+    /// The staged dots skewed instead of padded.
     const fn swizzled(self) -> Self {
         ReferenceTuning {
             swizzled_stage: true,
             padded_stage: false,
-            ..self
-        }
-    }
-
-    /// The query limbs split once, before the reference.
-    const fn prepassed(self) -> Self {
-        ReferenceTuning {
-            query_prepass: true,
             ..self
         }
     }
@@ -377,20 +279,12 @@ impl ReferenceTuning {
 
     /// Whether a GPU of compute capability `major`.x has the instructions it uses.
     pub fn runs_on(self, major: u32) -> bool {
-        (!self.wide_mma || major >= 9)
-            && (!self.int_mma || major >= 8)
-            && (self.mma_regs == 0 || major >= 9)
+        (!self.wide_mma || major >= 9) && (!self.int_mma || major >= 8)
     }
 
-    /// Tokens one CTA takes per chunk (each warp that owns tokens, 8 per n-tile).
+    /// Tokens one CTA (4 warps) takes per chunk.
     pub(super) fn chunk_tokens(self) -> usize {
-        self.mma_warps * 8 * self.token_tiles
-    }
-
-    /// Threads a CTA is launched with: 4 warps, and as many summing warps when
-    /// warp-specialised.
-    pub(super) fn threads(self) -> u32 {
-        32 * self.mma_warps as u32 * (1 + self.warp_specialized as u32)
+        4 * 8 * self.token_tiles
     }
 
     /// Shared memory one CTA may use: its share of the SM's 228 KiB, less 1 KiB each
@@ -430,18 +324,11 @@ impl ReferenceTuning {
         } else {
             8 * self.head_tiles + self.padded_stage as usize
         };
-        let tokens = 8 * self.token_tiles;
-        // Warp-specialised: two handover buffers a warp pair, each the staged dots, and a
-        // scale (8 bytes) and a NaN flag (4) a token (kernels/reference.cu, WS_BUF).
-        let stage_doubles = if self.warp_specialized {
-            self.mma_warps * 2 * (tokens * stage_row + tokens + tokens / 2)
-        } else {
-            4 * (1 + self.pipelined as usize) * tokens * stage_row
-        };
-        let stage = (256 + stage_doubles) * 8;
+        let stage =
+            (256 + 4 * (1 + self.pipelined as usize) * 8 * self.token_tiles * stage_row) * 8;
         // Keys copied ahead: each warp's 8 * token_tiles tokens of D bytes, and 32 scales.
         let keys = if self.prefetch_keys {
-            self.mma_warps * (8 * self.token_tiles * shape.head_dim + 32 * 4)
+            4 * (8 * self.token_tiles * shape.head_dim + 32 * 4)
         } else {
             0
         };
@@ -457,16 +344,7 @@ impl ReferenceTuning {
         let wide_ok = !self.wide_mma || (self.vector_loads && self.head_tiles == 2);
         let queries_ok = !(self.f64_queries && self.hi_word_queries);
         let prefetch_ok = !self.prefetch_keys || self.int_mma;
-        let specialized_ok =
-            !self.warp_specialized || (self.prefetch_keys && self.ctas_per_sm == 1);
-        let warps_ok = match self.mma_warps {
-            4 => self.mma_regs == 0,
-            8 => self.warp_specialized && self.mma_regs.is_multiple_of(8) && self.mma_regs < 232,
-            _ => false,
-        };
-        let acc9_ok = !self.acc_per_product || self.int_mma;
         let swizzle_ok = !self.swizzled_stage || (self.int_mma && !self.padded_stage);
-        let prepass_ok = !self.query_prepass || self.int_mma;
         let passes_ok = self.acc_tiles == 0
             || (self.int_mma && self.token_tiles.is_multiple_of(self.acc_tiles));
         let int_ok = !self.int_mma
@@ -483,11 +361,7 @@ impl ReferenceTuning {
                 && matches!(shape.head_dim, 64 | 128));
         vector_ok
             && prefetch_ok
-            && specialized_ok
-            && acc9_ok
-            && warps_ok
             && swizzle_ok
-            && prepass_ok
             && passes_ok
             && wide_ok
             && queries_ok
@@ -498,7 +372,7 @@ impl ReferenceTuning {
 
     pub fn label(self) -> String {
         format!(
-            "{} queries, {} head tile{}, {} CTAs/SM{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}",
+            "{} queries, {} head tile{}, {} CTAs/SM{}{}{}{}{}{}{}{}{}{}{}{}",
             if self.int_mma {
                 "limb"
             } else if self.f64_queries {
@@ -556,28 +430,8 @@ impl ReferenceTuning {
                     if self.acc_tiles == 1 { "" } else { "s" }
                 )
             },
-            if self.warp_specialized {
-                ", warp-specialised"
-            } else {
-                ""
-            },
-            if self.acc_per_product {
-                ", 9 accumulators"
-            } else {
-                ""
-            },
-            match (self.mma_warps, self.mma_regs) {
-                (4, _) => String::new(),
-                (w, 0) => format!(", {w} MMA warps"),
-                (w, r) => format!(", {w} MMA warps of {r} registers"),
-            },
             if self.swizzled_stage {
                 ", swizzled stage"
-            } else {
-                ""
-            },
-            if self.query_prepass {
-                ", query limbs split once"
             } else {
                 ""
             },
@@ -605,31 +459,12 @@ impl ReferenceTuning {
         if self.acc_tiles != 0 {
             defines.push(("NB".into(), self.acc_tiles.to_string()));
         }
-        // Unset, the kernel is not warp-specialised (WS = 0): the other tunings keep their
-        // compiled names.
-        if self.warp_specialized {
-            defines.push(("WS".into(), "1".into()));
-        }
-        if self.acc_per_product {
-            defines.push(("ACC9".into(), "1".into()));
-        }
-        if self.mma_warps != 4 {
-            defines.push(("OWARPS".into(), self.mma_warps.to_string()));
-        }
+        // Unset, SWZ and FLAT are 0: the other tunings keep their compiled names.
         if self.swizzled_stage {
             defines.push(("SWZ".into(), "1".into()));
         }
-        if self.query_prepass {
-            defines.push(("QPRE".into(), "1".into()));
-        }
         if self.flat_grid {
             defines.push(("FLAT".into(), "1".into()));
-        }
-        if self.mma_regs != 0 {
-            // 16 warps of 128 registers at launch: what the MMA warps take, the summing
-            // warps give up.
-            defines.push(("MREG".into(), self.mma_regs.to_string()));
-            defines.push(("SREG".into(), (256 - self.mma_regs).to_string()));
         }
         defines
     }

@@ -20,7 +20,7 @@ fn shape(heads: usize, head_dim: usize, next_n: usize) -> Shape {
 /// a tuning that fits and runs on the device.
 #[test]
 fn default_tuning_fits_and_runs() {
-    let (int8, narrow) = (ReferenceTuning::INT8_AHEAD_SPLIT, ReferenceTuning::NARROW);
+    let (int8, narrow) = (ReferenceTuning::INT8_FLAT, ReferenceTuning::NARROW);
     assert_eq!(ReferenceTuning::for_shape(&shape(64, 128, 2), 9), int8);
     assert_eq!(ReferenceTuning::for_shape(&shape(64, 128, 2), 8), int8);
     assert_eq!(ReferenceTuning::for_shape(&shape(64, 128, 2), 7), narrow);
@@ -256,5 +256,94 @@ fn preferred_tunings_compile_where_they_run() {
         if t.wide_mma {
             assert!(cubin(Program::Reference, "sm_89", &t.defines(128)).is_err());
         }
+    }
+}
+
+/// The skewed stage (`SWZ=1`, kernels/reference.cu `STAGE_SLOT`) restated: a token's 16
+/// heads keep distinct slots of its row, the head sum's loads (lane = token, one head) and
+/// the epilogue's stores (lane g*4 + t4: token n*8 + 2*t4 + c, head 8*xh + g) hit 16
+/// distinct 8-byte banks in each half-warp, so neither is conflicted; the padded stage
+/// (`SPAD=1`, rows of 17) conflicts on the stores, which is what the skew removes.
+#[test]
+fn skewed_stage_is_free_of_bank_conflicts() {
+    let skewed = |tok: usize, head: usize| {
+        tok * 32 + head + ((((tok >> 1) & 3) << 2) | (tok & 1) | ((tok >> 2) & 2))
+    };
+    let padded = |tok: usize, head: usize| tok * 17 + head;
+    let conflict_free = |slot: &dyn Fn(usize, usize) -> usize| {
+        let halves_distinct = |lanes: &dyn Fn(usize) -> usize| {
+            (0..2).all(|half| {
+                let banks: std::collections::BTreeSet<usize> =
+                    (half * 16..half * 16 + 16).map(|l| lanes(l) % 16).collect();
+                banks.len() == 16
+            })
+        };
+        let loads = (0..16).all(|hh| halves_distinct(&|lane| slot(lane, hh)));
+        let stores = (0..4).all(|n| {
+            (0..2).all(|c| {
+                (0..2).all(|xh| {
+                    halves_distinct(&|l| slot(n * 8 + 2 * (l & 3) + c, xh * 8 + (l >> 2)))
+                })
+            })
+        });
+        (loads, stores)
+    };
+    assert_eq!(conflict_free(&skewed), (true, true));
+    assert_eq!(conflict_free(&padded), (true, false));
+    for tok in 0..32 {
+        let mut slots: Vec<usize> = (0..16).map(|h| skewed(tok, h) - tok * 32).collect();
+        slots.sort();
+        assert!(slots.windows(2).all(|w| w[0] < w[1]) && slots[15] < 32);
+    }
+}
+
+/// The flat grid (`FLAT=1`) restated: CTA k of G takes chunks [k*T/G, (k+1)*T/G) of all
+/// sequences' T chunks and finds its first sequence by a binary search in the prefix
+/// sums; over random chunk counts (empty sequences included) every chunk of every
+/// sequence is taken by exactly one CTA, and the shares differ by at most one chunk.
+#[test]
+fn flat_grid_shares_cover_every_chunk_once() {
+    let mut rng = crate::generate::recipe::rng_for(7);
+    use rand::RngExt;
+    for _ in 0..300 {
+        let batch = rng.random_range(1..40usize);
+        let mut prefix = vec![0i64; batch + 1];
+        for b in 0..batch {
+            let n = if rng.random_range(0..4) == 0 {
+                0
+            } else {
+                rng.random_range(1..50)
+            };
+            prefix[b + 1] = prefix[b] + n;
+        }
+        let total = prefix[batch];
+        let grid = rng.random_range(1..300i64).min(total.max(1));
+        let mut taken = vec![0u8; total as usize];
+        let mut sizes = Vec::new();
+        for k in 0..grid {
+            let (g_begin, g_end) = (k * total / grid, (k + 1) * total / grid);
+            sizes.push(g_end - g_begin);
+            let (mut b_first, mut b_hi) = (0usize, batch - 1);
+            while b_first < b_hi {
+                let mid = (b_first + b_hi).div_ceil(2);
+                if prefix[mid] <= g_begin {
+                    b_first = mid;
+                } else {
+                    b_hi = mid - 1;
+                }
+            }
+            let mut b = b_first;
+            while b < batch && prefix[b] < g_end {
+                let c_first = (g_begin - prefix[b]).max(0);
+                let c_end = g_end.min(prefix[b + 1]) - prefix[b];
+                for c in c_first..c_end {
+                    taken[(prefix[b] + c) as usize] += 1;
+                }
+                b += 1;
+            }
+        }
+        assert!(taken.iter().all(|&t| t == 1), "{prefix:?} over {grid}");
+        let (lo, hi) = (sizes.iter().min().unwrap(), sizes.iter().max().unwrap());
+        assert!(hi - lo <= 1);
     }
 }
