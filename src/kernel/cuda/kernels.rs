@@ -159,6 +159,19 @@ impl CudaDirect {
         }
     }
 
+    /// Declares the largest KV pool this device can take, from the memory free when the
+    /// kernel opens: 85% of it, the rest for the output, the small inputs and the
+    /// reference. The generator then fits a case's pool to the card (its offset class is
+    /// what a draw gives up) instead of drawing engine-size pools an 80 GiB card must skip
+    /// as out of memory; on a 141 GiB card the limit is above every profile's pools.
+    pub fn fitted_to_device(mut self) -> Self {
+        if let Ok((free, _)) = with_gpu(|gpu| gpu.ctx.mem_info().map_err(failure)) {
+            let limit = free / 20 * 17;
+            self.caps.max_kv_bytes = Some(self.caps.max_kv_bytes.map_or(limit, |m| m.min(limit)));
+        }
+        self
+    }
+
     /// A library kernel its host launches ([`super::hosted`]), described by the host.
     pub fn hosted(
         name: String,

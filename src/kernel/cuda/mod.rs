@@ -66,7 +66,7 @@ fn unavailable(name: &str, reason: String) -> OpenError {
 fn open_direct(name: &str, rest: &str) -> Result<Box<dyn Kernel>, OpenError> {
     let v = Variant::parse(rest).ok_or_else(|| OpenError::Unknown(name.to_string()))?;
     device::availability().map_err(|r| unavailable(name, r))?;
-    Ok(Box::new(CudaDirect::new(v)))
+    Ok(Box::new(CudaDirect::new(v).fitted_to_device()))
 }
 
 /// Opens `cuda:<rest>` on the given GPUs (indices as [`select_gpus`] returns them;
