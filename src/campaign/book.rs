@@ -85,6 +85,27 @@ impl Book {
             .collect()
     }
 
+    /// The live crash findings that may predict cases ([`super::known_crash`]): a
+    /// complete trigger of at least one feature (a crash that needs nothing special, or
+    /// whose ablation was cut short, predicts nothing).
+    pub fn known_crashes(&self) -> Vec<super::known_crash::KnownCrash> {
+        self.known
+            .iter()
+            .filter(|k| {
+                self.merged_into[k.index] == k.index
+                    && k.class == Class::Crash
+                    && k.complete
+                    && !k.trigger.is_empty()
+            })
+            .map(|k| super::known_crash::KnownCrash {
+                signature: self.findings[k.index].signature.clone(),
+                kernel: k.kernel.clone(),
+                reason: k.reason.clone(),
+                trigger: k.trigger.clone(),
+            })
+            .collect()
+    }
+
     /// The finding that explains `v` on a case with features `feats`, if any.
     fn explained(&self, name: &str, v: &Verdict, feats: &[Feature]) -> Option<usize> {
         let reason = crash_reason(v);

@@ -170,11 +170,31 @@ impl Engine<'_> {
     }
 
     /// Generates case `k` from its seed.
+    #[cfg(test)]
     pub fn draw_case(&self, k: u64, seed: u64) -> Drawn {
+        self.draw_case_if(k, seed, |_| true)
+            .expect("every recipe is kept")
+    }
+
+    /// Generates case `k` from its seed, unless `keep` refuses its recipe (asked before
+    /// the case's tensors are made).
+    pub fn draw_case_if(
+        &self,
+        k: u64,
+        seed: u64,
+        keep: impl FnOnce(&Recipe) -> bool,
+    ) -> Option<Drawn> {
         let t0 = Instant::now();
         let draw = self.draw(k, seed);
-        let (recipe, case, adjustments) = self.materialize(&draw);
-        Drawn {
+        let (recipe, adjustments) = draw.resolve(&self.caps());
+        if !keep(&recipe) {
+            return None;
+        }
+        let case = recipe.materialize();
+        if self.host_values {
+            case.kv.materialize();
+        }
+        Some(Drawn {
             generated: Generated {
                 k,
                 seed,
@@ -183,7 +203,7 @@ impl Engine<'_> {
                 generate_secs: t0.elapsed().as_secs_f64(),
             },
             case,
-        }
+        })
     }
 
     /// Runs a generated case on every kernel and judges it.

@@ -17,6 +17,8 @@ pub mod coverage;
 mod engine;
 mod event;
 pub use crate::interrupt;
+mod known_crash;
+pub use known_crash::DEFAULT_SHARE as DEFAULT_KNOWN_CRASH_SHARE;
 mod progress;
 mod save;
 mod setup;
@@ -89,6 +91,9 @@ pub struct Config {
     /// Consecutive production cases per deployment (`--deployment-epoch`; `None`:
     /// [`DEFAULT_DEPLOYMENT_EPOCH`]; 0 or 1: off).
     pub deployment_epoch: Option<u64>,
+    /// The share of generated cases predicted to hit a known crash that still run
+    /// (`--known-crashes`, in (0, 1]; [`known_crash`]).
+    pub known_crash_share: f64,
 }
 
 /// Production cases per deployment by default: a GPU worker maps and poisons a pool
@@ -138,6 +143,7 @@ impl Config {
             sanitize: Default::default(),
             shape_epoch: None,
             deployment_epoch: None,
+            known_crash_share: DEFAULT_KNOWN_CRASH_SHARE,
         }
     }
 }
@@ -205,6 +211,7 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
         started,
         deadline,
         allowance: allowance::Allowance::new(cfg, deadline),
+        known_crashes: std::sync::Arc::new(known_crash::KnownCrashes::new(cfg.known_crash_share)),
         any_finding: false,
         env_error: None,
     };
@@ -223,11 +230,13 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
         any_finding,
         env_error,
         allowance,
+        known_crashes,
         ..
     } = campaign;
     progress.finish();
     report.per_kernel = tally.per_kernel;
     report.counts = tally.counts;
+    report.counts.known_crashes = known_crashes.counts();
     report.coverage = tally.coverage;
     report.timings = tally.timings;
     report.shrinking = allowance.summary;
@@ -264,6 +273,8 @@ struct Campaign<'e, 'c> {
     deadline: Option<Instant>,
     /// What shrinking may still use ([`allowance`]).
     allowance: allowance::Allowance,
+    /// Crash findings that predict cases not worth running ([`known_crash`]).
+    known_crashes: std::sync::Arc<known_crash::KnownCrashes>,
     any_finding: bool,
     /// The environment broke (driver gone, adapter missing): stop, exit 3.
     env_error: Option<String>,
@@ -289,9 +300,22 @@ impl Campaign<'_, '_> {
             },
         };
         self.any_finding |= self.book.on_event(&mut ctx, &ev);
-        if let Source::Generated(_) = source {
+        self.known_crashes.learn(self.book.known_crashes());
+        if let Source::Generated(done) = source {
+            let verdicts: Vec<_> = done.judgement.runs.iter().map(|r| &r.verdict).collect();
+            let names = self.kernel_names();
+            self.known_crashes
+                .observe(&names, &done.generated.recipe, &verdicts);
             self.progress.update(generated, self.book.distinct(), "");
         }
+    }
+
+    fn kernel_names(&self) -> Vec<String> {
+        self.engine
+            .kernels
+            .iter()
+            .map(|k| k.name().to_string())
+            .collect()
     }
 
     /// Replays the corpus. Shards split it as they split the seeds (file j replays on
@@ -340,17 +364,21 @@ impl Campaign<'_, '_> {
         let stop = AtomicBool::new(false);
         let started_cases = AtomicU64::new(0);
         let left_at_deadline = AtomicU64::new(0);
+        let not_run_known_crash = AtomicU64::new(0);
         let deadline = self.deadline;
         let engine = self.engine;
+        let (known, names) = (self.known_crashes.clone(), self.kernel_names());
+        let (known, names) = (&*known, &names);
         std::thread::scope(|scope| {
             let (tx, rx) = mpsc::channel::<engine::CaseDone>();
             for _ in 0..jobs {
-                let (tx, next_k, started_cases, stop, left_at_deadline) = (
+                let (tx, next_k, started_cases, stop, left_at_deadline, not_run_known_crash) = (
                     tx.clone(),
                     &next_k,
                     &started_cases,
                     &stop,
                     &left_at_deadline,
+                    &not_run_known_crash,
                 );
                 // This job's guess of a case's time, from its last case's time per unit
                 // of work, at most 1.5 times its longest case so far (a per-case
@@ -372,7 +400,15 @@ impl Campaign<'_, '_> {
                         }
                     }
                     let k = next_k.fetch_add(1, Ordering::SeqCst) * shard_count + shard_index;
-                    let drawn = engine.draw_case(k, case_seed(cfg.seed, k));
+                    let seed = case_seed(cfg.seed, k);
+                    // A case predicted to hit a known crash is drawn (it counts towards
+                    // `--cases`) but, outside the share still run, not run.
+                    let keep =
+                        |r: &crate::generate::Recipe| known.not_run(names, r, seed).is_none();
+                    let Some(drawn) = engine.draw_case_if(k, seed, keep) else {
+                        not_run_known_crash.fetch_add(1, Ordering::SeqCst);
+                        continue;
+                    };
                     let t0 = Instant::now();
                     if deadline.is_some_and(|d| !worth_starting(&cost, &drawn.case, t0, d)) {
                         left_at_deadline.fetch_add(1, Ordering::SeqCst);
@@ -406,6 +442,7 @@ impl Campaign<'_, '_> {
             }
         });
         self.tally.counts.cases_left_at_deadline += left_at_deadline.into_inner();
+        self.tally.counts.cases_not_run_known_crash += not_run_known_crash.into_inner();
     }
 }
 

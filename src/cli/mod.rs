@@ -108,7 +108,7 @@ pub enum Command {
         /// Kernel to serve (any name `mqa-fuzz kernels` lists).
         #[arg(long)]
         kernel: String,
-        /// Misbehave on purpose (tests): crash-at=N, hang-at=N, garbage-at=N, wrong-id-at=N, fault-exit-at=N, skew.
+        /// Misbehave on purpose (tests): crash-at=N, hang-at=N, garbage-at=N, wrong-id-at=N, fault-exit-at=N, fault-exit-on=all-zero-batch (every all-zero batch), skew.
         #[arg(long)]
         fault: Option<String>,
     },
@@ -419,6 +419,21 @@ pub struct RunArgs {
     /// server of its own.
     #[arg(long, value_name = "N")]
     pub deployment_epoch: Option<u64>,
+    /// Generated cases predicted to hit a known crash: the share of them still run, in
+    /// (0, 1] (1/8, 0.125, 12.5%; 1 runs them all). A crash finding (replayed from the
+    /// corpus or made here) whose trigger is complete predicts every case with all the
+    /// trigger's features, once a generated case was seen crashing that way; each crash
+    /// costs a worker's death and restart and tells nothing new. The cases still run
+    /// (chosen by seed) check the prediction: while more than one in nine of them does
+    /// not crash that way, every case runs. The report counts the cases not run.
+    #[arg(
+        long,
+        value_name = "FRACTION",
+        default_value = "1/8",
+        value_parser = parse_known_crash_share,
+        allow_hyphen_values = true
+    )]
+    pub known_crashes: f64,
     /// Stop generating after this many distinct findings (e.g. 1 for a quick gate).
     #[arg(long)]
     pub max_findings: Option<usize>,
@@ -488,17 +503,29 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 
 /// Parses `--shrink-share`: a fraction in (0, 1] (`0.3`) or a percentage (`30%`).
 pub fn parse_share(s: &str) -> Result<f64, String> {
+    fraction(s).ok_or_else(|| format!(
+        "--shrink-share {s}: the share of the budget shrinking may use is a fraction in (0, 1] or a percentage, like 0.3 or 30%"
+    ))
+}
+
+/// Parses `--known-crashes`: a fraction in (0, 1] (`0.125`, `1/8`, `12.5%`).
+pub fn parse_known_crash_share(s: &str) -> Result<f64, String> {
+    fraction(s).ok_or_else(|| format!(
+        "--known-crashes {s}: the share of cases predicted to hit a known crash that still run is a fraction in (0, 1], like 1/8, 0.125 or 12.5% (1 runs them all)"
+    ))
+}
+
+/// `0.3`, `30%` or `3/10`, when in (0, 1].
+fn fraction(s: &str) -> Option<f64> {
     let t = s.trim();
-    let x = match t.strip_suffix('%') {
-        Some(p) => p.trim().parse::<f64>().map(|x| x / 100.0),
-        None => t.parse::<f64>(),
+    let x = if let Some(p) = t.strip_suffix('%') {
+        p.trim().parse::<f64>().ok()? / 100.0
+    } else if let Some((a, b)) = t.split_once('/') {
+        a.trim().parse::<f64>().ok()? / b.trim().parse::<f64>().ok()?
+    } else {
+        t.parse::<f64>().ok()?
     };
-    match x {
-        Ok(x) if x > 0.0 && x <= 1.0 => Ok(x),
-        _ => Err(format!(
-            "--shrink-share {s}: the share of the budget shrinking may use is a fraction in (0, 1] or a percentage, like 0.3 or 30%"
-        )),
-    }
+    (x > 0.0 && x <= 1.0).then_some(x)
 }
 
 /// Parses `--scale`: a number in (0, 1] or a fraction `1/N`.

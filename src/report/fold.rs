@@ -139,6 +139,13 @@ pub fn merge(reports: &[Report]) -> Report {
             r.counts.cases_left_at_deadline,
         );
         add_map(&mut m.counts.skip_reasons, &r.counts.skip_reasons);
+        add(
+            &mut m.counts.cases_not_run_known_crash,
+            r.counts.cases_not_run_known_crash,
+        );
+        for (sig, c) in &r.counts.known_crashes {
+            *m.counts.known_crashes.entry(sig.clone()).or_default() += c;
+        }
         for (name, k) in &r.per_kernel {
             *m.per_kernel.entry(name.clone()).or_default() += k;
         }

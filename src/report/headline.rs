@@ -564,6 +564,26 @@ pub fn guard_by_tier(r: &Report) -> String {
     format!("guard by tier: {}", parts.join("; "))
 }
 
+/// The generated cases left out as predicted known crashes (`--known-crashes`), per
+/// crash; `None` when none was.
+pub fn known_crash_line(r: &Report) -> Option<String> {
+    let n = r.counts.cases_not_run_known_crash;
+    let each: Vec<String> = (r.counts.known_crashes.iter())
+        .filter(|(_, c)| c.not_run > 0)
+        .map(|(sig, c)| {
+            let (run, hit) = (c.run, c.crashed);
+            format!(
+                "{sig}: {} not run, {run} run ({hit} crashed that way)",
+                c.not_run
+            )
+        })
+        .collect();
+    (n > 0).then(|| {
+        let cases = plural(n, "generated case", "generated cases");
+        format!("known crashes: {cases} predicted to crash as a known finding did not run (`--known-crashes 1` runs them): {}", each.join("; "))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

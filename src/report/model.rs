@@ -87,6 +87,29 @@ pub struct Counts {
     /// Cases drawn near the budget's end and not run: each was expected to end past
     /// the budget (from its job's last case's time per unit of work).
     pub cases_left_at_deadline: u64,
+    /// Generated cases not run: predicted to hit a known crash (`--known-crashes`).
+    pub cases_not_run_known_crash: u64,
+    /// Per known crash (signature): the generated cases predicted to hit it.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub known_crashes: BTreeMap<String, PredictedCrashes>,
+}
+
+/// The generated cases predicted to hit one known crash (every feature of its
+/// trigger): those run, those of them that crashed that way, those not run.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct PredictedCrashes {
+    pub run: u64,
+    pub crashed: u64,
+    pub not_run: u64,
+}
+
+impl std::ops::AddAssign<&PredictedCrashes> for PredictedCrashes {
+    fn add_assign(&mut self, o: &PredictedCrashes) {
+        self.run += o.run;
+        self.crashed += o.crashed;
+        self.not_run += o.not_run;
+    }
 }
 
 /// What one kernel did over the campaign.

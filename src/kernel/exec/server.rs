@@ -31,14 +31,20 @@ pub enum Fault {
     /// Answer request N with a `crash` error, then exit (what adapters do after a
     /// device fault).
     FaultExitAt(u64),
+    /// Answer every request whose batch is all zero-length sequences with a `crash`
+    /// error, then exit: a library's crash with a trigger (DeepGEMM #353), for the
+    /// campaign's handling of known crashes.
+    FaultExitOnZeroBatch,
     /// Announce a protocol version this build does not speak (the newest + 1).
     Skew,
 }
 
 impl Fault {
     pub fn parse(s: &str) -> Result<Fault, String> {
-        if s == "skew" {
-            return Ok(Fault::Skew);
+        match s {
+            "skew" => return Ok(Fault::Skew),
+            "fault-exit-on=all-zero-batch" => return Ok(Fault::FaultExitOnZeroBatch),
+            _ => {}
         }
         let (what, n) = s
             .split_once('=')
@@ -53,13 +59,13 @@ impl Fault {
             "wrong-id-at" => Ok(Fault::WrongIdAt(n)),
             "fault-exit-at" => Ok(Fault::FaultExitAt(n)),
             _ => Err(format!(
-                "--fault {s:?}: kinds are crash-at, hang-at, garbage-at, wrong-id-at, fault-exit-at, skew"
+                "--fault {s:?}: kinds are crash-at, hang-at, garbage-at, wrong-id-at, fault-exit-at (=N), fault-exit-on=all-zero-batch, skew"
             )),
         }
     }
 }
 
-fn send(out: &mut impl Write, line: &WorkerLine) -> std::io::Result<()> {
+fn send(out: &mut (impl Write + ?Sized), line: &WorkerLine) -> std::io::Result<()> {
     out.write_all(line.to_line().as_bytes())?;
     out.flush()
 }
@@ -204,16 +210,9 @@ pub fn serve_on(
                 out.flush().map_err(io)?;
                 continue;
             }
-            Some(Fault::FaultExitAt(n)) if n == served => {
-                let message = "fault injection: simulated illegal memory access".to_string();
-                let line = WorkerLine::Error {
-                    id: Some(req.id),
-                    kind: ErrorKind::Crash,
-                    message,
-                };
-                send(&mut out, &line).map_err(io)?;
-                eprintln!("mqa-fuzz worker: fault injection: exiting after a device fault on request {served}");
-                std::process::exit(1);
+            Some(Fault::FaultExitAt(n)) if n == served => fault_exit(&mut out, &req, served)?,
+            Some(Fault::FaultExitOnZeroBatch) if zero_batch(&read) => {
+                fault_exit(&mut out, &req, served)?
             }
             _ => {}
         }
@@ -235,6 +234,25 @@ pub fn serve_on(
         }
     }
     Ok(exit::CLEAN)
+}
+
+/// Answers `req` with a simulated device fault and exits (`--fault fault-exit-…`).
+fn fault_exit(out: &mut dyn Write, req: &RunRequest, served: u64) -> Result<(), Fatal> {
+    let line = WorkerLine::Error {
+        id: Some(req.id),
+        kind: ErrorKind::Crash,
+        message: "fault injection: simulated illegal memory access".into(),
+    };
+    send(out, &line)
+        .map_err(|e| Fatal::environment(format!("worker: cannot write its answers: {e}")))?;
+    eprintln!("mqa-fuzz worker: fault injection: exiting after a device fault on request {served}");
+    std::process::exit(1);
+}
+
+/// Whether a request's case (when it could be read) is a batch of empty sequences.
+fn zero_batch(read: &Result<(Case, OutputBuffer, bool), String>) -> bool {
+    read.as_ref()
+        .is_ok_and(|(c, _, _)| (0..c.shape.batch).all(|b| c.seq_tokens(b) == 0))
 }
 
 /// Names the phases of a worker's first case apart (`launch [first case of a worker]`):

@@ -1,0 +1,272 @@
+//! Known crashes kept from eating the budget (`--known-crashes`).
+//!
+//! A kernel that crashes takes its worker down: each crash costs the fault, the
+//! worker's death and a restart (about half a second for DeepGEMM's all-zero-batch
+//! crash, against 20 ms for a case that runs), and tells nothing the finding does not
+//! already say. Once a crash is a known finding whose trigger is complete (the features
+//! it needs, DESIGN §6), a generated case with every feature of that trigger is
+//! *predicted* to hit it again. Only a share of such cases (`--known-crashes`, default
+//! [`DEFAULT_SHARE`]), chosen by their seed, are run; the others are counted and not run.
+//!
+//! The prediction is watched, not assumed: a trigger lists features a crash *needs*,
+//! which need not be enough. The predicted cases that do run must crash the same way;
+//! while more than one in [`MISSES_PER_HIT`]` + 1` of them runs otherwise (clean, or
+//! another failure), that crash predicts nothing and every case runs. A crash predicts
+//! only once a generated case of this campaign was seen to crash that way.
+
+use crate::finding::{crash_reason, features_of, Feature};
+use crate::generate::Recipe;
+use crate::oracle::Verdict;
+use crate::report::PredictedCrashes;
+use std::collections::BTreeMap;
+use std::sync::{Mutex, PoisonError};
+
+/// `--known-crashes`' default: one predicted case in eight still runs.
+pub const DEFAULT_SHARE: f64 = 0.125;
+
+/// A crash predicts while its predicted cases that ran crashed that way at least this
+/// many times per one that did not.
+pub const MISSES_PER_HIT: u64 = 8;
+
+/// A crash finding of the book that may predict cases: kernel, crash reason, trigger.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct KnownCrash {
+    /// The finding's signature key (what the report names it by).
+    pub signature: String,
+    pub kernel: String,
+    pub reason: Option<String>,
+    /// Complete and not empty: the features the crash needs.
+    pub trigger: Vec<Feature>,
+}
+
+struct Watched {
+    crash: KnownCrash,
+    /// Still a live finding of the book (a finding generalised into another stops
+    /// predicting; its counts stay in the report).
+    live: bool,
+    counts: PredictedCrashes,
+}
+
+impl Watched {
+    fn predicts(&self, kernel: &str, feats: &[Feature]) -> bool {
+        self.live
+            && self.crash.kernel == kernel
+            && self.crash.trigger.iter().all(|f| feats.contains(f))
+    }
+
+    /// Seen crashing that way on a generated case, and seldom anything else.
+    fn trusted(&self) -> bool {
+        let c = &self.counts;
+        c.crashed >= 1 && (c.run - c.crashed) * MISSES_PER_HIT <= c.crashed
+    }
+}
+
+/// The campaign's known crashes: read by the threads that draw cases, kept up to date
+/// by the main thread from the finding book and the judged cases.
+pub(super) struct KnownCrashes {
+    share: f64,
+    watched: Mutex<Vec<Watched>>,
+}
+
+impl KnownCrashes {
+    /// `share` in (0, 1]: the share of predicted cases still run (1: all).
+    pub fn new(share: f64) -> KnownCrashes {
+        KnownCrashes {
+            share: share.clamp(f64::MIN_POSITIVE, 1.0),
+            watched: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Watched>> {
+        self.watched.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The book's crash findings now (see [`super::book::Book::known_crashes`]): new
+    /// ones are watched, ones no longer live stop predicting.
+    pub fn learn(&self, now: Vec<KnownCrash>) {
+        let mut w = self.lock();
+        for x in w.iter_mut() {
+            x.live = now.iter().any(|c| c.signature == x.crash.signature);
+        }
+        for c in now {
+            if !w.iter().any(|x| x.crash.signature == c.signature) {
+                w.push(Watched {
+                    crash: c,
+                    live: true,
+                    counts: PredictedCrashes::default(),
+                });
+            }
+        }
+    }
+
+    /// Whether generated case `recipe` (of seed `seed`) is run on `kernels`: `Some`
+    /// (the signature it is counted under) when every kernel has a trusted prediction
+    /// for it and its seed does not fall in the share that still runs.
+    pub fn not_run(&self, kernels: &[String], recipe: &Recipe, seed: u64) -> Option<String> {
+        let mut w = self.lock();
+        if w.is_empty() || kernels.is_empty() || sampled(seed, self.share) {
+            return None;
+        }
+        let feats = features_of(recipe);
+        let mut first = None;
+        for k in kernels {
+            let i = w
+                .iter()
+                .position(|x| x.predicts(k, &feats) && x.trusted())?;
+            first.get_or_insert(i);
+        }
+        let x = &mut w[first?];
+        x.counts.not_run += 1;
+        Some(x.crash.signature.clone())
+    }
+
+    /// A generated case that ran: each prediction it matches learns whether it held
+    /// (`verdicts`: each kernel's, in the order of `kernels`; a kernel that did not run
+    /// the case teaches nothing).
+    pub fn observe(&self, kernels: &[String], recipe: &Recipe, verdicts: &[&Verdict]) {
+        let mut w = self.lock();
+        if w.is_empty() {
+            return;
+        }
+        let feats = features_of(recipe);
+        for (k, v) in kernels.iter().zip(verdicts) {
+            if v.skipped.is_some() {
+                continue;
+            }
+            let reason = crash_reason(v);
+            for x in w.iter_mut().filter(|x| x.predicts(k, &feats)) {
+                x.counts.run += 1;
+                if reason.is_some() && reason == x.crash.reason {
+                    x.counts.crashed += 1;
+                }
+            }
+        }
+    }
+
+    /// Per signature: its predicted cases run, crashed that way, and not run.
+    pub fn counts(&self) -> BTreeMap<String, PredictedCrashes> {
+        let w = self.lock();
+        let mut m: BTreeMap<String, PredictedCrashes> = BTreeMap::new();
+        for x in w.iter().filter(|x| x.counts != PredictedCrashes::default()) {
+            *m.entry(x.crash.signature.clone()).or_default() += &x.counts;
+        }
+        m
+    }
+}
+
+/// Whether a predicted case of `seed` is one of the `share` still run (by its seed, so
+/// the same campaign runs the same ones).
+fn sampled(seed: u64, share: f64) -> bool {
+    if share >= 1.0 {
+        return true;
+    }
+    let u = (crate::util::splitmix64(seed ^ 0x6b6e_6f77_6e63_7273) >> 11) as f64;
+    u < share * (1u64 << 53) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::oracle::Class;
+
+    fn zero_batch() -> Recipe {
+        Recipe::small(vec![0; 32], 2, 1)
+    }
+
+    fn crash(signature: &str, trigger: Vec<Feature>) -> KnownCrash {
+        KnownCrash {
+            signature: signature.into(),
+            kernel: "k".into(),
+            reason: Some("illegal memory access".into()),
+            trigger,
+        }
+    }
+
+    fn crashed() -> Verdict {
+        let mut v = Verdict::default();
+        v.add_case_finding(Class::Crash, "CUDA error: an illegal memory access".into());
+        v
+    }
+
+    fn k() -> Vec<String> {
+        vec!["k".to_string()]
+    }
+
+    /// The seeds of `n` cases, `(run, not run)` by a trusted prediction.
+    fn split(known: &KnownCrashes, kernels: &[String], n: u64) -> (u64, u64) {
+        let r = zero_batch();
+        let not = (0..n)
+            .filter(|&s| known.not_run(kernels, &r, s).is_some())
+            .count() as u64;
+        (n - not, not)
+    }
+
+    #[test]
+    fn a_crash_predicts_once_seen_and_then_runs_its_share() {
+        let known = KnownCrashes::new(0.125);
+        known.learn(vec![crash("k|crash|zero", vec![Feature::AllZeroBatch])]);
+        // Known, but no generated case seen crashing that way yet: every case runs.
+        assert_eq!(split(&known, &k(), 100), (100, 0));
+        assert!(
+            crash_reason(&crashed()).is_some_and(|r| r == "illegal memory access"),
+            "{:?}",
+            crash_reason(&crashed())
+        );
+        known.observe(&k(), &zero_batch(), &[&crashed()]);
+        let (run, not) = split(&known, &k(), 4000);
+        assert!((380..620).contains(&run), "about 1/8 of 4000 run: {run}");
+        // The same seeds, the same choice.
+        assert_eq!(split(&known, &k(), 4000), (run, not));
+        let c = &known.counts()["k|crash|zero"];
+        assert_eq!((c.run, c.crashed, c.not_run), (1, 1, 2 * not));
+        // A case without the trigger's features is never predicted.
+        let busy = Recipe::small(vec![5; 32], 2, 1);
+        assert!((0..200).all(|s| known.not_run(&k(), &busy, s).is_none()));
+        // Share 1: predicted, counted, all run.
+        let all = KnownCrashes::new(1.0);
+        all.learn(vec![crash("k|crash|zero", vec![Feature::AllZeroBatch])]);
+        all.observe(&k(), &zero_batch(), &[&crashed()]);
+        assert_eq!(split(&all, &k(), 200), (200, 0));
+    }
+
+    #[test]
+    fn a_prediction_that_misses_stops_predicting_until_it_holds_again() {
+        let known = KnownCrashes::new(0.125);
+        known.learn(vec![crash("k|crash|zero", vec![Feature::AllZeroBatch])]);
+        known.observe(&k(), &zero_batch(), &[&crashed()]);
+        assert!(split(&known, &k(), 100).1 > 0);
+        // One predicted case ran clean: one hit against one miss is not enough.
+        known.observe(&k(), &zero_batch(), &[&Verdict::default()]);
+        assert_eq!(split(&known, &k(), 100), (100, 0));
+        for _ in 0..MISSES_PER_HIT - 2 {
+            known.observe(&k(), &zero_batch(), &[&crashed()]);
+        }
+        assert_eq!(split(&known, &k(), 100), (100, 0), "7 hits, 1 miss");
+        known.observe(&k(), &zero_batch(), &[&crashed()]);
+        assert!(split(&known, &k(), 100).1 > 0, "8 hits, 1 miss");
+        // A crash of another reason is a miss too; a skipped run teaches nothing.
+        let mut other = Verdict::default();
+        other.add_case_finding(Class::Crash, "worker exited".into());
+        known.observe(&k(), &zero_batch(), &[&other]);
+        let skipped = Verdict {
+            skipped: Some("not supported".into()),
+            ..Verdict::default()
+        };
+        known.observe(&k(), &zero_batch(), &[&skipped]);
+        let c = &known.counts()["k|crash|zero"];
+        assert_eq!((c.run, c.crashed), (10, 8));
+        assert_eq!(split(&known, &k(), 100), (100, 0));
+    }
+
+    #[test]
+    fn a_case_is_left_out_only_when_every_kernel_is_predicted_to_crash() {
+        let known = KnownCrashes::new(0.125);
+        known.learn(vec![crash("k|crash|zero", vec![Feature::AllZeroBatch])]);
+        known.observe(&k(), &zero_batch(), &[&crashed()]);
+        let two = vec!["k".to_string(), "other".to_string()];
+        assert_eq!(split(&known, &two, 100), (100, 0));
+        // A finding merged into another (no longer live) predicts nothing.
+        known.learn(Vec::new());
+        assert_eq!(split(&known, &k(), 100), (100, 0));
+    }
+}

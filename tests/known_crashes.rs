@@ -1,0 +1,150 @@
+//! Known crashes do not eat the budget (`--known-crashes`): against a worker that dies
+//! on every all-zero batch (as DeepGEMM 2.8.2 does, #353), a campaign finds the crash
+//! once, with its trigger, and then runs only a share of the cases predicted to hit it;
+//! every predicted case it runs still crashes that way. `--known-crashes 1` runs them all.
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("mqa-known-crashes-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A 300-case campaign of seed 3 against the crashing worker; its report.json.
+fn campaign(dir: &Path, name: &str, extra: &[&str]) -> Value {
+    let bin = env!("CARGO_BIN_EXE_mqa-fuzz");
+    let kernel =
+        format!("exec:'{bin}' worker --kernel cpu:chunked --fault fault-exit-on=all-zero-batch");
+    let mut args = vec![
+        "run",
+        "--kernel",
+        &kernel,
+        "--profile",
+        "all",
+        "--cases",
+        "300",
+        "--budget",
+        "400",
+        "--seed",
+        "3",
+        "--shrink-share",
+        "100%",
+        "--shrink-budget",
+        "60s",
+        "--no-replay",
+        "--report",
+        name,
+        "--corpus",
+        name,
+        "-q",
+    ];
+    args.extend_from_slice(extra);
+    let out = Command::new(bin)
+        .current_dir(dir)
+        .args(&args)
+        .output()
+        .expect("run mqa-fuzz");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(1), "a crash is a finding: {text}");
+    let report = std::fs::read_to_string(dir.join(name).join("report.json")).unwrap();
+    serde_json::from_str(&report).unwrap()
+}
+
+fn counts(r: &Value) -> (u64, u64, u64) {
+    let c = &r["counts"];
+    let n = |k: &str| c[k].as_u64().unwrap_or(0);
+    (
+        n("cases_generated"),
+        n("cases_not_run_known_crash"),
+        n("cases_left_at_deadline"),
+    )
+}
+
+/// The one known crash's predicted cases: (run, crashed that way, not run).
+fn predicted(r: &Value) -> (u64, u64, u64) {
+    let m = r["counts"]["known_crashes"]
+        .as_object()
+        .expect("known_crashes");
+    assert_eq!(m.len(), 1, "{m:?}");
+    let (sig, c) = m.iter().next().unwrap();
+    assert!(
+        sig.ends_with("|crash|illegal memory access|needs:all-zero-batch"),
+        "{sig}"
+    );
+    let n = |k: &str| c[k].as_u64().unwrap();
+    (n("run"), n("crashed"), n("not_run"))
+}
+
+#[test]
+fn cases_predicted_to_hit_a_known_crash_run_at_their_share_and_all_with_share_one() {
+    let d = tmp("share");
+    let r = campaign(&d, "eighth", &[]);
+    let f = &r["findings"].as_array().unwrap()[..];
+    assert_eq!(f.len(), 1, "{f:#?}");
+    assert_eq!(
+        f[0]["trigger"],
+        serde_json::json!(["all-zero-batch"]),
+        "{}",
+        f[0]
+    );
+    assert_eq!(f[0]["trigger_complete"], true, "{}", f[0]);
+    let (generated, not_run, left) = counts(&r);
+    assert_eq!(generated + not_run + left, 300, "every drawn case counted");
+    let (run, crashed, skipped) = predicted(&r);
+    assert_eq!(skipped, not_run);
+    assert!(
+        not_run > 0,
+        "some predicted cases were left out: {:?}",
+        r["counts"]
+    );
+    assert_eq!(crashed, run, "every predicted case run crashed that way");
+    assert!(
+        run >= 1 && not_run > run,
+        "most predicted cases were left out: {run} run, {not_run} not"
+    );
+    let summary = std::fs::read_to_string(d.join("eighth/summary.md")).unwrap();
+    assert!(summary.contains("known crashes: "), "{summary}");
+
+    // The same campaign running them all: every predicted case runs, and crashes.
+    let all = campaign(&d, "all", &["--known-crashes", "1"]);
+    let (generated_all, not_run_all, _) = counts(&all);
+    assert_eq!(not_run_all, 0);
+    let (run_all, crashed_all, skipped_all) = predicted(&all);
+    assert_eq!((crashed_all, skipped_all), (run_all, 0));
+    assert!(
+        run_all > run,
+        "{run_all} predicted cases run, against {run} at 1/8"
+    );
+    assert!(generated_all > generated);
+}
+
+#[test]
+fn a_known_crash_share_outside_zero_to_one_is_a_usage_error() {
+    let d = tmp("usage");
+    for bad in ["0", "1.5", "-1", "x", "9/8"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_mqa-fuzz"))
+            .current_dir(&d)
+            .args([
+                "run",
+                "--kernel",
+                "cpu:chunked",
+                "--cases",
+                "1",
+                "--known-crashes",
+                bad,
+            ])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {err}");
+        assert!(err.contains("--known-crashes"), "{bad}: {err}");
+    }
+}
