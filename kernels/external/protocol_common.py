@@ -472,7 +472,7 @@ def serve_forking(setup, fault_spec=None, out=None):
     send(proto, {"type": "fork_server", "protocol": chosen_protocol(), "pid": os.getpid()})
     lives, pending = {}, b""
     while True:
-        ready, _, _ = select.select([0], [], [], 0.05)
+        ready, _, _ = select.select([0], [], [], 0.01)  # a life's exit reported within ~10 ms
         _reap(lives, proto)
         if not ready:
             continue

@@ -394,6 +394,12 @@ pub struct WorkerReport {
     pub warm_ups: u64,
     #[serde(default)]
     pub warm_up_mean_secs: f64,
+    /// Workers ended after their case crashed (the crash reported, not a death), and
+    /// the mean seconds until one was gone (part of that case's run).
+    #[serde(default)]
+    pub crash_exits: u64,
+    #[serde(default)]
+    pub crash_exit_mean_secs: f64,
 }
 
 /// A kernel under test.

@@ -34,7 +34,15 @@ pub fn worker_words(w: &WorkerReport) -> String {
             if n == 1 { "life" } else { "lives" }
         ),
     };
-    format!("protocol {}{fork}, {restarts}{warm}", w.protocol)
+    let exits = match w.crash_exits {
+        0 => String::new(),
+        n => format!(
+            ", a worker that reported a crash gone in {:.1} ms (mean of {})",
+            w.crash_exit_mean_secs * 1e3,
+            group(n)
+        ),
+    };
+    format!("protocol {}{fork}, {restarts}{exits}{warm}", w.protocol)
 }
 
 #[cfg(test)]
@@ -58,6 +66,16 @@ mod tests {
             worker_words(&w),
             "protocol 2, fork server, 3 restarts (mean 0.01 s, max 0.02 s, 3 into a life started ahead), warm-up 83.4 ms a life (4 lives)"
         );
+        w.crash_exits = 2;
+        w.crash_exit_mean_secs = 0.1234;
+        assert!(
+            worker_words(&w).contains(
+                "max 0.02 s, 3 into a life started ahead), a worker that reported a crash gone in 123.4 ms (mean of 2), warm-up"
+            ),
+            "{}",
+            worker_words(&w)
+        );
+        w.crash_exits = 0;
         w.restarts = 0;
         w.warm_ups = 0;
         w.fork_server = false;

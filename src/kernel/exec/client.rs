@@ -63,10 +63,13 @@ impl Slot {
         Some((status, w.stderr_tail()))
     }
 
-    fn shut_down_worker(&mut self) {
+    /// Ends the worker of a crashed case; returns how long it took to be gone.
+    fn end_crashed_worker(&mut self) -> std::time::Duration {
+        let t0 = Instant::now();
         if let Some(w) = self.worker.take() {
-            w.shut_down(self.source.server.as_mut());
+            w.end_crashed(self.source.server.as_mut());
         }
+        t0.elapsed()
     }
 }
 
@@ -85,6 +88,9 @@ pub struct RestartStats {
     /// Restarted lives that warmed up before their hello, and the seconds they took.
     pub warm_ups: u64,
     pub warm_up_secs: f64,
+    /// Workers ended after a crashed case, and the seconds until each was gone.
+    pub crash_exits: u64,
+    pub crash_exit_secs: f64,
 }
 
 /// A kernel that lives in worker processes.
@@ -528,6 +534,8 @@ impl Kernel for ExecKernel {
                 0.0
             },
             restarts_from_spare: r.from_spare,
+            crash_exits: r.crash_exits,
+            crash_exit_mean_secs: r.crash_exit_secs / r.crash_exits.max(1) as f64,
             warm_ups,
             warm_up_mean_secs: if warm_ups > 0 {
                 warm_up_secs / warm_ups as f64

@@ -287,6 +287,33 @@ impl Worker {
         }
     }
 
+    /// Ends a worker whose case crashed: killed at once (its device context may be
+    /// gone, and nothing it could still say is wanted), then waited for until it is
+    /// gone, so the device memory it held is free for the next life.
+    pub fn end_crashed(self, server: Option<&mut ForkServer>) {
+        match self.kind {
+            WorkerKind::Spawned { mut child, .. } => {
+                // SAFETY: as in `kill_child`.
+                unsafe {
+                    libc::kill(-(child.id() as i32), libc::SIGKILL);
+                }
+                let _ = child.wait();
+            }
+            WorkerKind::Forked { pid, life } => {
+                kill_group(pid);
+                let deadline = Instant::now() + Duration::from_secs(2);
+                if let Some(server) = server {
+                    while Instant::now() < deadline
+                        && server.poll(life).is_none()
+                        && server.broken.is_none()
+                    {
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                }
+            }
+        }
+    }
+
     /// Asks the worker to stop (EOF on stdin), then kills what is left.
     pub fn shut_down(self, server: Option<&mut ForkServer>) {
         match self.kind {

@@ -141,7 +141,10 @@ impl ExecKernel {
                             // A kernel that crashed may have left its device context
                             // unusable, and adapters exit after a device fault: the next
                             // case gets a fresh worker, so it is never blamed for this one.
-                            slot.shut_down_worker();
+                            let gone = slot.end_crashed_worker();
+                            let mut r = self.restarts.lock().unwrap_or_else(|e| e.into_inner());
+                            r.crash_exits += 1;
+                            r.crash_exit_secs += gone.as_secs_f64();
                             RunError::Crash(message)
                         }
                         ErrorKind::Skipped => RunError::Skipped(message),
