@@ -34,7 +34,7 @@
 #                                        (200), each bug its own finding with trigger and tier
 # speed       ~2 min build + WARMUP      real-kernel speed, the old binary (OLD_BIN, default ./mqa-fuzz-old,
 #             (45 s) + 4 x BUDGET (100 s) with its adapters in OLD_ADAPTERS) beside this one on the same
-#                                        seeds (DG_ARGS, WARM_UP_AB, STEADY, DG_WORKERS, KNOWN, DG_NEW: see
+#                                        seeds (DG_ARGS, WARM_UP_AB, STEADY, DG_WORKERS, KNOWN, KNOWN_AB, DG_NEW: see
 #                                        check_speed):
 #                                        DeepGEMM over PROFILES (all production; none: skip
 #                                        DeepGEMM), and cuda:tiled (an isolated worker) over TILED_PROFILES
@@ -362,21 +362,36 @@ check_speed() {
     # its workers' warm-up off (MQA_FUZZ_WARM_UP=off), a same-binary before/after. STEADY=1:
     # this binary once more on its own corpus (signatures known: a nightly's steady state).
     # DG_NEW=0: not this binary's run with the default pool (DG_WORKERS below times pools).
+    # KNOWN=1: each DeepGEMM run below starts from a copy of the warm-up campaign's corpus
+    # (the bugs it found known, as in a nightly).
+    known_copy() {
+        [ "${KNOWN:-0}" = 1 ] || return 0
+        rm -rf "$W/c/$1" && cp -r "$W/c/speed-warmup-dg" "$W/c/$1"
+    }
     for p in ${PROFILES:-all production}; do
         [ "$p" = none ] && continue
+        known_copy "speed-old-dg-$p"
         # shellcheck disable=SC2086
         [ -x "$old" ] && MQA_FUZZ_ADAPTERS="$olda" BIN="$old" \
             campaign "speed-old-dg-$p" --kernel deepgemm --profile "$p" --budget "$t" --seed "$seed" ${DG_ARGS:-}
         # shellcheck disable=SC2086
         [ "${WARM_UP_AB:-0}" = 1 ] && MQA_FUZZ_WARM_UP=off \
             campaign "speed-nowarm-dg-$p" --kernel deepgemm --profile "$p" --budget "$t" --seed "$seed" ${DG_ARGS:-}
+        known_copy "speed-new-dg-$p"
         # shellcheck disable=SC2086
         [ "${DG_NEW:-1}" = 1 ] && campaign "speed-new-dg-$p" --kernel deepgemm --profile "$p" --budget "$t" --seed "$seed" ${DG_ARGS:-}
+        # KNOWN_AB=1: this binary again running every case predicted to hit a known crash
+        # (`--known-crashes 1`), a same-binary before/after.
+        if [ "${KNOWN_AB:-0}" = 1 ]; then
+            known_copy "speed-allcrashes-dg-$p"
+            # shellcheck disable=SC2086
+            campaign "speed-allcrashes-dg-$p" --kernel deepgemm --profile "$p" --budget "$t" --seed "$seed" ${DG_ARGS:-} --known-crashes 1
+        fi
         # DG_WORKERS="1 2": this binary again with that many DeepGEMM workers sharing the GPU
         # (MQA_FUZZ_EXEC_WORKERS), each serving its own cases; KNOWN=1: each starts from a
         # copy of the warm-up campaign's corpus (the bugs it found known, as in a nightly).
         for w in ${DG_WORKERS:-}; do
-            [ "${KNOWN:-0}" = 1 ] && rm -rf "$W/c/speed-w$w-dg-$p" && cp -r "$W/c/speed-warmup-dg" "$W/c/speed-w$w-dg-$p"
+            known_copy "speed-w$w-dg-$p"
             # shellcheck disable=SC2086
             MQA_FUZZ_EXEC_WORKERS=$w campaign "speed-w$w-dg-$p" --kernel deepgemm --profile "$p" --budget "$t" --seed "$seed" ${DG_ARGS:-}
         done
@@ -453,6 +468,8 @@ for d in sys.argv[1:]:
           f"median {int(statistics.median(tok)) if tok else 0}; findings {len(r['findings'])}; "
           f"stopped_early {r.get('stopped_early')}; {extra}; workers {workers}")
     print(f"   first cases of a life: {firsts}, ms each by phase: {top}")
+    c = r["counts"]
+    print(f"   known crashes: {c.get('cases_not_run_known_crash', 0)} cases not run; {c.get('known_crashes', {})}")
 PY
 }
 
