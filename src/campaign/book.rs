@@ -85,18 +85,11 @@ impl Book {
             .collect()
     }
 
-    /// The live crash findings that may predict cases ([`super::known_crash`]): a
-    /// complete trigger of at least one feature (a crash that needs nothing special, or
-    /// whose ablation was cut short, predicts nothing).
+    /// The live crash findings, which may predict cases ([`super::known_crash`]).
     pub fn known_crashes(&self) -> Vec<super::known_crash::KnownCrash> {
         self.known
             .iter()
-            .filter(|k| {
-                self.merged_into[k.index] == k.index
-                    && k.class == Class::Crash
-                    && k.complete
-                    && !k.trigger.is_empty()
-            })
+            .filter(|k| self.merged_into[k.index] == k.index && k.class == Class::Crash)
             .map(|k| super::known_crash::KnownCrash {
                 signature: self.findings[k.index].signature.clone(),
                 kernel: k.kernel.clone(),

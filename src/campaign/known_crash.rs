@@ -3,16 +3,19 @@
 //! A kernel that crashes takes its worker down: each crash costs the fault, the
 //! worker's death and a restart (about half a second for DeepGEMM's all-zero-batch
 //! crash, against 20 ms for a case that runs), and tells nothing the finding does not
-//! already say. Once a crash is a known finding whose trigger is complete (the features
-//! it needs, DESIGN §6), a generated case with every feature of that trigger is
-//! *predicted* to hit it again. Only a share of such cases (`--known-crashes`, default
-//! [`DEFAULT_SHARE`]), chosen by their seed, are run; the others are counted and not run.
+//! already say. A crash finding *predicts* the generated cases that have every feature
+//! (DESIGN §6's vocabulary) that all of this campaign's generated cases crashing that way
+//! had: its trigger's features and, where ablation could not name one (DeepGEMM's
+//! all-zero-batch crash "needs nothing special": it follows with one sequence of one
+//! token too), what its occurrences share. Only a share of the predicted cases
+//! (`--known-crashes`, default [`DEFAULT_SHARE`]), chosen by their seed, are run; the
+//! others are counted and not run. A crash predicts nothing until a generated case
+//! crashed that way, nor while its occurrences share no feature.
 //!
-//! The prediction is watched, not assumed: a trigger lists features a crash *needs*,
-//! which need not be enough. The predicted cases that do run must crash the same way;
-//! while more than one in [`MISSES_PER_HIT`]` + 1` of them runs otherwise (clean, or
-//! another failure), that crash predicts nothing and every case runs. A crash predicts
-//! only once a generated case of this campaign was seen to crash that way.
+//! The prediction is watched, not assumed: shared features need not be the cause. The
+//! predicted cases that do run must crash the same way; while more than one in
+//! [`MISSES_PER_HIT`]` + 1` of them runs otherwise (clean, or another failure), that
+//! crash predicts nothing and every case runs.
 
 use crate::finding::{crash_reason, features_of, Feature};
 use crate::generate::Recipe;
@@ -35,7 +38,7 @@ pub(super) struct KnownCrash {
     pub signature: String,
     pub kernel: String,
     pub reason: Option<String>,
-    /// Complete and not empty: the features the crash needs.
+    /// The features ablation found the crash needs (maybe none).
     pub trigger: Vec<Feature>,
 }
 
@@ -44,6 +47,8 @@ struct Watched {
     /// Still a live finding of the book (a finding generalised into another stops
     /// predicting; its counts stay in the report).
     live: bool,
+    /// The features every generated case that crashed that way had (`None`: none yet).
+    common: Option<Vec<Feature>>,
     counts: PredictedCrashes,
 }
 
@@ -51,6 +56,17 @@ impl Watched {
     fn predicts(&self, kernel: &str, feats: &[Feature]) -> bool {
         self.live
             && self.crash.kernel == kernel
+            && self
+                .common
+                .as_ref()
+                .is_some_and(|c| !c.is_empty() && c.iter().all(|f| feats.contains(f)))
+    }
+
+    /// Whether a crash of `reason` on `kernel`, on a case with `feats`, may be this one.
+    fn explains(&self, kernel: &str, reason: &Option<String>, feats: &[Feature]) -> bool {
+        self.live
+            && self.crash.kernel == kernel
+            && self.crash.reason == *reason
             && self.crash.trigger.iter().all(|f| feats.contains(f))
     }
 
@@ -93,6 +109,7 @@ impl KnownCrashes {
                 w.push(Watched {
                     crash: c,
                     live: true,
+                    common: None,
                     counts: PredictedCrashes::default(),
                 });
             }
@@ -120,9 +137,10 @@ impl KnownCrashes {
         Some(x.crash.signature.clone())
     }
 
-    /// A generated case that ran: each prediction it matches learns whether it held
-    /// (`verdicts`: each kernel's, in the order of `kernels`; a kernel that did not run
-    /// the case teaches nothing).
+    /// A generated case that ran: a crash narrows what its finding's crashes share (the
+    /// finding with the largest trigger it may be), and each prediction the case matches
+    /// learns whether it held (`verdicts`: each kernel's, in the order of `kernels`; a
+    /// kernel that did not run the case teaches nothing).
     pub fn observe(&self, kernels: &[String], recipe: &Recipe, verdicts: &[&Verdict]) {
         let mut w = self.lock();
         if w.is_empty() {
@@ -134,6 +152,13 @@ impl KnownCrashes {
                 continue;
             }
             let reason = crash_reason(v);
+            let mine = (w.iter_mut())
+                .filter(|x| reason.is_some() && x.explains(k, &reason, &feats))
+                .max_by_key(|x| x.crash.trigger.len());
+            if let Some(x) = mine {
+                let common = x.common.get_or_insert_with(|| feats.clone());
+                common.retain(|f| feats.contains(f));
+            }
             for x in w.iter_mut().filter(|x| x.predicts(k, &feats)) {
                 x.counts.run += 1;
                 if reason.is_some() && reason == x.crash.reason {
@@ -256,6 +281,39 @@ mod tests {
         let c = &known.counts()["k|crash|zero"];
         assert_eq!((c.run, c.crashed), (10, 8));
         assert_eq!(split(&known, &k(), 100), (100, 0));
+    }
+
+    #[test]
+    fn a_crash_that_needs_nothing_special_predicts_what_its_crashes_share() {
+        let known = KnownCrashes::new(0.125);
+        known.learn(vec![crash("k|crash", Vec::new())]);
+        // The first crash: predicts cases with all its features (next_n 2 among them).
+        let zero_n1 = Recipe::small(vec![0; 32], 1, 1);
+        assert!(features_of(&zero_batch()).contains(&Feature::NextN2));
+        known.observe(&k(), &zero_batch(), &[&crashed()]);
+        assert!(split(&known, &k(), 100).1 > 0);
+        assert!((0..100).all(|s| known.not_run(&k(), &zero_n1, s).is_none()));
+        // A crash with next_n 1: what the two share is the all-zero batch.
+        known.observe(&k(), &zero_n1, &[&crashed()]);
+        assert!((0..100).any(|s| known.not_run(&k(), &zero_n1, s).is_some()));
+        let busy = Recipe::small(vec![5; 32], 1, 1);
+        assert!((0..100).all(|s| known.not_run(&k(), &busy, s).is_none()));
+        // A crash on a batch that is not all zero: the prediction widens to what the
+        // three share (the small recipe's strides and padding).
+        known.observe(&k(), &busy, &[&crashed()]);
+        assert!((0..100).any(|s| known.not_run(&k(), &busy, s).is_some()));
+        // Crashes that share no feature predict nothing.
+        let nothing = Watched {
+            crash: crash("k|crash", Vec::new()),
+            live: true,
+            common: Some(Vec::new()),
+            counts: PredictedCrashes {
+                run: 3,
+                crashed: 3,
+                not_run: 0,
+            },
+        };
+        assert!(nothing.trusted() && !nothing.predicts("k", &features_of(&busy)));
     }
 
     #[test]

@@ -420,9 +420,9 @@ pub struct RunArgs {
     #[arg(long, value_name = "N")]
     pub deployment_epoch: Option<u64>,
     /// Generated cases predicted to hit a known crash: the share of them still run, in
-    /// (0, 1] (1/8, 0.125, 12.5%; 1 runs them all). A crash finding (replayed from the
-    /// corpus or made here) whose trigger is complete predicts every case with all the
-    /// trigger's features, once a generated case was seen crashing that way; each crash
+    /// (0, 1] (1/8, 0.125, 12.5%; 1 runs them all). A crash finding predicts the cases
+    /// with every feature that all of this campaign's generated cases crashing that way
+    /// had (its trigger's, and what they share where ablation named none); each crash
     /// costs a worker's death and restart and tells nothing new. The cases still run
     /// (chosen by seed) check the prediction: while more than one in nine of them does
     /// not crash that way, every case runs. The report counts the cases not run.
