@@ -233,6 +233,18 @@ fn greeting(
     }
 }
 
+/// Waits (up to 2 s, looking every `pause`) until the fork server reports that `life`
+/// ended, or breaks.
+fn await_exit(server: Option<&mut ForkServer>, life: u64, pause: Duration) {
+    let Some(server) = server else {
+        return;
+    };
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < deadline && server.poll(life).is_none() && server.broken.is_none() {
+        std::thread::sleep(pause);
+    }
+}
+
 fn kill_group(pid: i32) {
     // SAFETY: plain syscalls; the forked worker made itself a process group, and may
     // not have yet, so the process is signalled too.
@@ -301,15 +313,7 @@ impl Worker {
             }
             WorkerKind::Forked { pid, life } => {
                 kill_group(pid);
-                let deadline = Instant::now() + Duration::from_secs(2);
-                if let Some(server) = server {
-                    while Instant::now() < deadline
-                        && server.poll(life).is_none()
-                        && server.broken.is_none()
-                    {
-                        std::thread::sleep(Duration::from_millis(2));
-                    }
-                }
+                await_exit(server, life, Duration::from_millis(2));
             }
         }
     }
@@ -322,15 +326,7 @@ impl Worker {
             }
             WorkerKind::Forked { pid, life } => {
                 drop(self.stdin);
-                let deadline = Instant::now() + Duration::from_secs(2);
-                if let Some(server) = server {
-                    while Instant::now() < deadline
-                        && server.poll(life).is_none()
-                        && server.broken.is_none()
-                    {
-                        std::thread::sleep(Duration::from_millis(5));
-                    }
-                }
+                await_exit(server, life, Duration::from_millis(5));
                 kill_group(pid);
             }
         }
