@@ -81,14 +81,18 @@ impl Watched {
 /// by the main thread from the finding book and the judged cases.
 pub(super) struct KnownCrashes {
     share: f64,
+    /// The campaign's kernels, in its order.
+    kernels: Vec<String>,
     watched: Mutex<Vec<Watched>>,
 }
 
 impl KnownCrashes {
-    /// `share` in (0, 1]: the share of predicted cases still run (1: all).
-    pub fn new(share: f64) -> KnownCrashes {
+    /// `share` in (0, 1]: the share of predicted cases still run (1: all), for a
+    /// campaign of `kernels`.
+    pub fn new(share: f64, kernels: Vec<String>) -> KnownCrashes {
         KnownCrashes {
             share: share.clamp(f64::MIN_POSITIVE, 1.0),
+            kernels,
             watched: Mutex::new(Vec::new()),
         }
     }
@@ -116,11 +120,11 @@ impl KnownCrashes {
         }
     }
 
-    /// Whether generated case `recipe` (of seed `seed`) is run on `kernels`: `Some`
-    /// (the signature it is counted under) when every kernel has a trusted prediction
-    /// for it and its seed does not fall in the share that still runs.
-    pub fn not_run(&self, kernels: &[String], recipe: &Recipe, seed: u64) -> Option<String> {
-        let mut w = self.lock();
+    /// Whether generated case `recipe` (of seed `seed`) is run: `Some` (the signature
+    /// it is counted under) when every kernel has a trusted prediction for it and its
+    /// seed does not fall in the share that still runs.
+    pub fn not_run(&self, recipe: &Recipe, seed: u64) -> Option<String> {
+        let (mut w, kernels) = (self.lock(), &self.kernels);
         if w.is_empty() || kernels.is_empty() || sampled(seed, self.share) {
             return None;
         }
@@ -139,10 +143,10 @@ impl KnownCrashes {
 
     /// A generated case that ran: a crash narrows what its finding's crashes share (the
     /// finding with the largest trigger it may be), and each prediction the case matches
-    /// learns whether it held (`verdicts`: each kernel's, in the order of `kernels`; a
+    /// learns whether it held (`verdicts`: each kernel's, in the campaign's order; a
     /// kernel that did not run the case teaches nothing).
-    pub fn observe(&self, kernels: &[String], recipe: &Recipe, verdicts: &[&Verdict]) {
-        let mut w = self.lock();
+    pub fn observe(&self, recipe: &Recipe, verdicts: &[&Verdict]) {
+        let (mut w, kernels) = (self.lock(), &self.kernels);
         if w.is_empty() {
             return;
         }
@@ -218,90 +222,88 @@ mod tests {
     }
 
     /// The seeds of `n` cases, `(run, not run)` by a trusted prediction.
-    fn split(known: &KnownCrashes, kernels: &[String], n: u64) -> (u64, u64) {
+    fn split(known: &KnownCrashes, n: u64) -> (u64, u64) {
         let r = zero_batch();
-        let not = (0..n)
-            .filter(|&s| known.not_run(kernels, &r, s).is_some())
-            .count() as u64;
+        let not = (0..n).filter(|&s| known.not_run(&r, s).is_some()).count() as u64;
         (n - not, not)
     }
 
     #[test]
     fn a_crash_predicts_once_seen_and_then_runs_its_share() {
-        let known = KnownCrashes::new(0.125);
+        let known = KnownCrashes::new(0.125, k());
         known.learn(vec![crash("k|crash|zero", vec![Feature::AllZeroBatch])]);
         // Known, but no generated case seen crashing that way yet: every case runs.
-        assert_eq!(split(&known, &k(), 100), (100, 0));
+        assert_eq!(split(&known, 100), (100, 0));
         assert!(
             crash_reason(&crashed()).is_some_and(|r| r == "illegal memory access"),
             "{:?}",
             crash_reason(&crashed())
         );
-        known.observe(&k(), &zero_batch(), &[&crashed()]);
-        let (run, not) = split(&known, &k(), 4000);
+        known.observe(&zero_batch(), &[&crashed()]);
+        let (run, not) = split(&known, 4000);
         assert!((380..620).contains(&run), "about 1/8 of 4000 run: {run}");
         // The same seeds, the same choice.
-        assert_eq!(split(&known, &k(), 4000), (run, not));
+        assert_eq!(split(&known, 4000), (run, not));
         let c = &known.counts()["k|crash|zero"];
         assert_eq!((c.run, c.crashed, c.not_run), (1, 1, 2 * not));
         // A case without the trigger's features is never predicted.
         let busy = Recipe::small(vec![5; 32], 2, 1);
-        assert!((0..200).all(|s| known.not_run(&k(), &busy, s).is_none()));
+        assert!((0..200).all(|s| known.not_run(&busy, s).is_none()));
         // Share 1: predicted, counted, all run.
-        let all = KnownCrashes::new(1.0);
+        let all = KnownCrashes::new(1.0, k());
         all.learn(vec![crash("k|crash|zero", vec![Feature::AllZeroBatch])]);
-        all.observe(&k(), &zero_batch(), &[&crashed()]);
-        assert_eq!(split(&all, &k(), 200), (200, 0));
+        all.observe(&zero_batch(), &[&crashed()]);
+        assert_eq!(split(&all, 200), (200, 0));
     }
 
     #[test]
     fn a_prediction_that_misses_stops_predicting_until_it_holds_again() {
-        let known = KnownCrashes::new(0.125);
+        let known = KnownCrashes::new(0.125, k());
         known.learn(vec![crash("k|crash|zero", vec![Feature::AllZeroBatch])]);
-        known.observe(&k(), &zero_batch(), &[&crashed()]);
-        assert!(split(&known, &k(), 100).1 > 0);
+        known.observe(&zero_batch(), &[&crashed()]);
+        assert!(split(&known, 100).1 > 0);
         // One predicted case ran clean: one hit against one miss is not enough.
-        known.observe(&k(), &zero_batch(), &[&Verdict::default()]);
-        assert_eq!(split(&known, &k(), 100), (100, 0));
+        known.observe(&zero_batch(), &[&Verdict::default()]);
+        assert_eq!(split(&known, 100), (100, 0));
         for _ in 0..MISSES_PER_HIT - 2 {
-            known.observe(&k(), &zero_batch(), &[&crashed()]);
+            known.observe(&zero_batch(), &[&crashed()]);
         }
-        assert_eq!(split(&known, &k(), 100), (100, 0), "7 hits, 1 miss");
-        known.observe(&k(), &zero_batch(), &[&crashed()]);
-        assert!(split(&known, &k(), 100).1 > 0, "8 hits, 1 miss");
+        assert_eq!(split(&known, 100), (100, 0), "7 hits, 1 miss");
+        known.observe(&zero_batch(), &[&crashed()]);
+        assert!(split(&known, 100).1 > 0, "8 hits, 1 miss");
         // A crash of another reason is a miss too; a skipped run teaches nothing.
         let mut other = Verdict::default();
         other.add_case_finding(Class::Crash, "worker exited".into());
-        known.observe(&k(), &zero_batch(), &[&other]);
+        known.observe(&zero_batch(), &[&other]);
         let skipped = Verdict {
             skipped: Some("not supported".into()),
             ..Verdict::default()
         };
-        known.observe(&k(), &zero_batch(), &[&skipped]);
+        known.observe(&zero_batch(), &[&skipped]);
         let c = &known.counts()["k|crash|zero"];
         assert_eq!((c.run, c.crashed), (10, 8));
-        assert_eq!(split(&known, &k(), 100), (100, 0));
+        assert_eq!(split(&known, 100), (100, 0));
     }
 
     #[test]
     fn a_crash_that_needs_nothing_special_predicts_what_its_crashes_share() {
-        let known = KnownCrashes::new(0.125);
+        let known = KnownCrashes::new(0.125, k());
         known.learn(vec![crash("k|crash", Vec::new())]);
         // The first crash: predicts cases with all its features (next_n 2 among them).
         let zero_n1 = Recipe::small(vec![0; 32], 1, 1);
         assert!(features_of(&zero_batch()).contains(&Feature::NextN2));
-        known.observe(&k(), &zero_batch(), &[&crashed()]);
-        assert!(split(&known, &k(), 100).1 > 0);
-        assert!((0..100).all(|s| known.not_run(&k(), &zero_n1, s).is_none()));
+        known.observe(&zero_batch(), &[&crashed()]);
+        assert!(split(&known, 100).1 > 0);
+        assert!((0..100).all(|s| known.not_run(&zero_n1, s).is_none()));
         // A crash with next_n 1: what the two share is the all-zero batch.
-        known.observe(&k(), &zero_n1, &[&crashed()]);
-        assert!((0..100).any(|s| known.not_run(&k(), &zero_n1, s).is_some()));
+        known.observe(&zero_n1, &[&crashed()]);
+        assert!((0..100).any(|s| known.not_run(&zero_n1, s).is_some()));
         let busy = Recipe::small(vec![5; 32], 1, 1);
-        assert!((0..100).all(|s| known.not_run(&k(), &busy, s).is_none()));
+        assert!((0..100).all(|s| known.not_run(&busy, s).is_none()));
         // A crash on a batch that is not all zero: the prediction widens to what the
         // three share (the small recipe's strides and padding).
-        known.observe(&k(), &busy, &[&crashed()]);
-        assert!((0..100).any(|s| known.not_run(&k(), &busy, s).is_some()));
+        known.observe(&busy, &[&crashed()]);
+        assert!((0..100).any(|s| known.not_run(&busy, s).is_some()));
         // Crashes that share no feature predict nothing.
         let nothing = Watched {
             crash: crash("k|crash", Vec::new()),
@@ -318,13 +320,17 @@ mod tests {
 
     #[test]
     fn a_case_is_left_out_only_when_every_kernel_is_predicted_to_crash() {
-        let known = KnownCrashes::new(0.125);
+        let known = KnownCrashes::new(0.125, k());
         known.learn(vec![crash("k|crash|zero", vec![Feature::AllZeroBatch])]);
-        known.observe(&k(), &zero_batch(), &[&crashed()]);
-        let two = vec!["k".to_string(), "other".to_string()];
-        assert_eq!(split(&known, &two, 100), (100, 0));
+        known.observe(&zero_batch(), &[&crashed()]);
+        assert!(split(&known, 100).1 > 0);
+        // The same crash in a campaign with a second kernel: the case still runs.
+        let two = KnownCrashes::new(0.125, vec!["k".to_string(), "other".to_string()]);
+        two.learn(vec![crash("k|crash|zero", vec![Feature::AllZeroBatch])]);
+        two.observe(&zero_batch(), &[&crashed(), &Verdict::default()]);
+        assert_eq!(split(&two, 100), (100, 0));
         // A finding merged into another (no longer live) predicts nothing.
         known.learn(Vec::new());
-        assert_eq!(split(&known, &k(), 100), (100, 0));
+        assert_eq!(split(&known, 100), (100, 0));
     }
 }

@@ -211,7 +211,14 @@ pub fn run(cfg: &Config) -> Result<Outcome, Fatal> {
         started,
         deadline,
         allowance: allowance::Allowance::new(cfg, deadline),
-        known_crashes: std::sync::Arc::new(known_crash::KnownCrashes::new(cfg.known_crash_share)),
+        known_crashes: std::sync::Arc::new(known_crash::KnownCrashes::new(
+            cfg.known_crash_share,
+            engine
+                .kernels
+                .iter()
+                .map(|k| k.name().to_string())
+                .collect(),
+        )),
         any_finding: false,
         env_error: None,
     };
@@ -303,19 +310,10 @@ impl Campaign<'_, '_> {
         self.known_crashes.learn(self.book.known_crashes());
         if let Source::Generated(done) = source {
             let verdicts: Vec<_> = done.judgement.runs.iter().map(|r| &r.verdict).collect();
-            let names = self.kernel_names();
             self.known_crashes
-                .observe(&names, &done.generated.recipe, &verdicts);
+                .observe(&done.generated.recipe, &verdicts);
             self.progress.update(generated, self.book.distinct(), "");
         }
-    }
-
-    fn kernel_names(&self) -> Vec<String> {
-        self.engine
-            .kernels
-            .iter()
-            .map(|k| k.name().to_string())
-            .collect()
     }
 
     /// Replays the corpus. Shards split it as they split the seeds (file j replays on
@@ -367,8 +365,8 @@ impl Campaign<'_, '_> {
         let not_run_known_crash = AtomicU64::new(0);
         let deadline = self.deadline;
         let engine = self.engine;
-        let (known, names) = (self.known_crashes.clone(), self.kernel_names());
-        let (known, names) = (&*known, &names);
+        let known = self.known_crashes.clone();
+        let known = &*known;
         std::thread::scope(|scope| {
             let (tx, rx) = mpsc::channel::<engine::CaseDone>();
             for _ in 0..jobs {
@@ -403,8 +401,7 @@ impl Campaign<'_, '_> {
                     let seed = case_seed(cfg.seed, k);
                     // A case predicted to hit a known crash is drawn (it counts towards
                     // `--cases`) but, outside the share still run, not run.
-                    let keep =
-                        |r: &crate::generate::Recipe| known.not_run(names, r, seed).is_none();
+                    let keep = |r: &crate::generate::Recipe| known.not_run(r, seed).is_none();
                     let Some(drawn) = engine.draw_case_if(k, seed, keep) else {
                         not_run_known_crash.fetch_add(1, Ordering::SeqCst);
                         continue;
