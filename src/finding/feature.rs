@@ -72,6 +72,8 @@ pub enum Feature {
     ZeroLengthRows,
     /// Every sequence has length 0.
     AllZeroBatch,
+    /// A batch of 32 sequences or a multiple of it (DeepGEMM's scheduler aligns to 32).
+    AlignedBatch,
     /// The longest sequence fills `max_model_len` exactly.
     CtxEqMaxModelLen,
     /// Block-table padding other than 0 (-1, i32::MAX, stale ids).
@@ -88,12 +90,15 @@ pub enum Feature {
     HostileValues,
 }
 
+/// The batch alignment [`Feature::AlignedBatch`] names.
+const ALIGNED_BATCH: usize = 32;
+
 /// Tokens of benign `max_model_len` slack: past any chunk the longest sequence ends in.
 const BENIGN_SLACK: usize = 256;
 
 impl Feature {
     /// Every feature, in the order triggers list them.
-    pub const ALL: [Feature; 20] = [
+    pub const ALL: [Feature; 21] = [
         Feature::KvOffset2g,
         Feature::KvOffset4g,
         Feature::OutOffset2g,
@@ -107,6 +112,7 @@ impl Feature {
         Feature::Lens2dNonMonotonic,
         Feature::ZeroLengthRows,
         Feature::AllZeroBatch,
+        Feature::AlignedBatch,
         Feature::CtxEqMaxModelLen,
         Feature::TablePadding,
         Feature::PaddedKvStride,
@@ -132,6 +138,7 @@ impl Feature {
             Feature::Lens2dNonMonotonic => "lens-2d-non-monotonic",
             Feature::ZeroLengthRows => "zero-length-rows",
             Feature::AllZeroBatch => "all-zero-batch",
+            Feature::AlignedBatch => "aligned-batch",
             Feature::CtxEqMaxModelLen => "ctx-eq-max-model-len",
             Feature::TablePadding => "table-padding",
             Feature::PaddedKvStride => "padded-kv-stride",
@@ -164,6 +171,7 @@ impl Feature {
             }
             Feature::ZeroLengthRows => "zero-length rows".into(),
             Feature::AllZeroBatch => format!("an all-zero batch of {}", r.batch()),
+            Feature::AlignedBatch => format!("a batch of {}, a multiple of 32", r.batch()),
             Feature::CtxEqMaxModelLen => "ctx == max_model_len".into(),
             Feature::TablePadding => format!("table padding {}", padding_name(r.knobs.padding)),
             Feature::PaddedKvStride => "padded KV block stride".into(),
@@ -221,6 +229,7 @@ impl Feature {
             },
             Feature::ZeroLengthRows => seqs.contains(&0) && seqs.iter().any(|&l| l > 0),
             Feature::AllZeroBatch => seqs.iter().all(|&l| l == 0),
+            Feature::AlignedBatch => r.batch() >= ALIGNED_BATCH && r.batch() % ALIGNED_BATCH == 0,
             Feature::CtxEqMaxModelLen => r.knobs.model_len_slack == 0,
             Feature::TablePadding => r.knobs.padding != Padding::Zero,
             Feature::PaddedKvStride => match r.knobs.offsets {
@@ -339,6 +348,19 @@ impl Feature {
                         v[0] = engine_row_for(v[0].len(), v[0].len());
                         LensRecipe::PerToken(v)
                     }
+                }
+            }
+            // One sequence more, a copy of the last (a pool grows by what it needs),
+            // so a bug that needs 32 sequences but not the alignment keeps them.
+            Feature::AlignedBatch => {
+                match &mut b.lens {
+                    LensRecipe::PerSequence(v) => v.push(v.last().copied().unwrap_or(0)),
+                    LensRecipe::PerToken(v) => v.push(v.last().cloned().unwrap_or_default()),
+                }
+                if let OffsetClass::Pool(p) = &mut b.knobs.offsets {
+                    let last = seq_lens(r).last().copied().unwrap_or(0);
+                    let bs = r.knobs.block_size.max(1);
+                    p.blocks += last.div_ceil(bs) as u64 + 1;
                 }
             }
             Feature::CtxEqMaxModelLen => b.knobs.model_len_slack = BENIGN_SLACK,
@@ -469,6 +491,34 @@ mod tests {
         assert!(Feature::ALL
             .iter()
             .all(|f| Feature::parse(f.name()) == Some(*f)));
+    }
+
+    /// A batch of 32 loses its alignment by one sequence more, a copy of the last, and
+    /// a pool that held the batch exactly still holds the longer one.
+    #[test]
+    fn an_aligned_batch_grows_by_one_sequence() {
+        let mut r = Recipe::small(vec![0; 32], 1, 7);
+        assert!(Feature::AlignedBatch.present(&r) && Feature::AllZeroBatch.present(&r));
+        let b = Feature::AlignedBatch.benign(&r);
+        assert_eq!(b.batch(), 33);
+        assert!(!Feature::AlignedBatch.present(&b) && Feature::AllZeroBatch.present(&b));
+        assert!(!Feature::AlignedBatch.present(&Recipe::small(vec![0; 16], 1, 7)));
+        r.lens = LensRecipe::PerSequence((0..64).map(|i| 1 + i % 17).collect());
+        r.knobs.block_size = 1;
+        let used: u64 = (0..64).map(|i| 1 + i % 17).sum();
+        r.knobs.offsets = OffsetClass::Pool(crate::generate::recipe::PoolRecipe {
+            blocks: used + 1,
+            stride: 132,
+            churn: 8,
+            occupancy_pct: 50,
+            request_blocks: 4,
+            rows_per_request: 1,
+        });
+        r.materialize().validate().unwrap();
+        let b = Feature::AlignedBatch.benign(&r);
+        assert_eq!(b.batch(), 65);
+        assert_eq!(seq_lens(&b)[64], seq_lens(&r)[63]);
+        b.materialize().validate().unwrap();
     }
 
     /// A production server's logits buffer (`[B·next_n, max_model_len]`, 1 Mi wide)
