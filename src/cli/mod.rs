@@ -424,8 +424,8 @@ pub struct RunArgs {
     /// with every feature that all of this campaign's generated cases crashing that way
     /// had (its trigger's, and what they share where ablation named none); each crash
     /// costs a worker's death and restart and tells nothing new. The cases still run
-    /// (chosen by seed) check the prediction: while fewer than half of them crash that
-    /// way, every case runs. The report counts the cases not run.
+    /// (chosen by seed) check the prediction: while more than one in nine of them does
+    /// not crash that way, every case runs. The report counts the cases not run.
     #[arg(
         long,
         value_name = "FRACTION",
