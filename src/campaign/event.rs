@@ -123,7 +123,8 @@ impl Tally {
     }
 }
 
-/// `cases.jsonl`: one line per generated case (its seed, recipe and classes), the same
+/// `cases.jsonl`: one line per generated case (its seed, recipe, and each kernel's
+/// classes, or why it skipped the case), the same
 /// bytes for the same seed and version; and `timings.jsonl`: where each case's time went
 /// on each kernel, in milliseconds (kept apart because times differ run to run).
 #[derive(Default)]
@@ -156,8 +157,14 @@ impl CasesLog {
                     .iter()
                     .map(|(p, s)| (p.clone(), ms(*s).into()))
                     .collect();
+                let mut verdict =
+                    serde_json::json!({"kernel": k.name(), "classes": run.verdict.finding_classes()});
+                // A kernel that did not run the case says why: no classes is not a pass.
+                if let Some(why) = &run.verdict.skipped {
+                    verdict["skipped"] = why.clone().into();
+                }
                 (
-                    serde_json::json!({"kernel": k.name(), "classes": run.verdict.finding_classes()}),
+                    verdict,
                     serde_json::json!({
                         "kernel": k.name(),
                         "run_ms": ms(run.wall_secs),
