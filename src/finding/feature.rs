@@ -229,7 +229,9 @@ impl Feature {
             },
             Feature::ZeroLengthRows => seqs.contains(&0) && seqs.iter().any(|&l| l > 0),
             Feature::AllZeroBatch => seqs.iter().all(|&l| l == 0),
-            Feature::AlignedBatch => r.batch() >= ALIGNED_BATCH && r.batch() % ALIGNED_BATCH == 0,
+            Feature::AlignedBatch => {
+                r.batch() >= ALIGNED_BATCH && r.batch().is_multiple_of(ALIGNED_BATCH)
+            }
             Feature::CtxEqMaxModelLen => r.knobs.model_len_slack == 0,
             Feature::TablePadding => r.knobs.padding != Padding::Zero,
             Feature::PaddedKvStride => match r.knobs.offsets {
