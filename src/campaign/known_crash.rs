@@ -10,7 +10,9 @@
 //! follow a benign form once). Only a share of the predicted cases
 //! (`--known-crashes`, default [`DEFAULT_SHARE`]), chosen by their seed, are run; the
 //! others are counted and not run. A crash predicts nothing until a generated case
-//! crashed that way, nor while its occurrences share no feature.
+//! crashed that way, nor while its occurrences share no feature; it predicts from that
+//! case on, before its finding is shrunk and filed (the threads that run cases tell
+//! this watch at once, not through the main thread, which may be shrinking).
 //!
 //! The prediction is watched, not assumed: shared features need not be the cause. The
 //! predicted cases that do run must crash the same way; while more than one in
@@ -48,6 +50,10 @@ struct Watched {
     /// Still a live finding of the book (a finding generalised into another stops
     /// predicting; its counts stay in the report).
     live: bool,
+    /// A crash seen on a generated case that no finding explains yet: it predicts while
+    /// its finding is shrunk and localised, and the finding of its kernel and reason the
+    /// book files next takes over what it learned.
+    provisional: bool,
     /// The features every generated case that crashed that way had (`None`: none yet).
     common: Option<Vec<Feature>>,
     counts: PredictedCrashes,
@@ -106,18 +112,32 @@ impl KnownCrashes {
     /// ones are watched, ones no longer live stop predicting.
     pub fn learn(&self, now: Vec<KnownCrash>) {
         let mut w = self.lock();
-        for x in w.iter_mut() {
+        for x in w.iter_mut().filter(|x| !x.provisional) {
             x.live = now.iter().any(|c| c.signature == x.crash.signature);
         }
         for c in now {
-            if !w.iter().any(|x| x.crash.signature == c.signature) {
-                w.push(Watched {
-                    crash: c,
-                    live: true,
-                    common: None,
-                    counts: PredictedCrashes::default(),
-                });
+            if w.iter()
+                .any(|x| x.crash.signature == c.signature && !x.provisional)
+            {
+                continue;
             }
+            let seen = (w.iter()).position(|x| {
+                x.provisional && x.crash.kernel == c.kernel && x.crash.reason == c.reason
+            });
+            let (common, counts) = match seen {
+                Some(i) => {
+                    let x = w.remove(i);
+                    (x.common, x.counts)
+                }
+                None => (None, PredictedCrashes::default()),
+            };
+            w.push(Watched {
+                crash: c,
+                live: true,
+                provisional: false,
+                common,
+                counts,
+            });
         }
     }
 
@@ -142,15 +162,13 @@ impl KnownCrashes {
         Some(x.crash.signature.clone())
     }
 
-    /// A generated case that ran: a crash narrows what its finding's crashes share (the
-    /// finding with the largest trigger it may be), and each prediction the case matches
-    /// learns whether it held (`verdicts`: each kernel's, in the campaign's order; a
-    /// kernel that did not run the case teaches nothing).
+    /// A generated case that ran (told by the thread that ran it, at once): a crash
+    /// narrows what its finding's crashes share (the finding with the largest trigger it
+    /// may be; a crash none explains is watched provisionally), and each prediction the
+    /// case matches learns whether it held (`verdicts`: each kernel's, in the campaign's
+    /// order; a kernel that did not run the case teaches nothing).
     pub fn observe(&self, recipe: &Recipe, verdicts: &[&Verdict]) {
         let (mut w, kernels) = (self.lock(), &self.kernels);
-        if w.is_empty() {
-            return;
-        }
         let feats = features_of(recipe);
         for (k, v) in kernels.iter().zip(verdicts) {
             if v.skipped.is_some() {
@@ -159,10 +177,28 @@ impl KnownCrashes {
             let reason = crash_reason(v);
             let mine = (w.iter_mut())
                 .filter(|x| reason.is_some() && x.explains(k, &reason, &feats))
-                .max_by_key(|x| x.crash.trigger.len());
+                .max_by_key(|x| (x.crash.trigger.len(), !x.provisional));
             if let Some(x) = mine {
                 let common = x.common.get_or_insert_with(|| feats.clone());
                 common.retain(|f| feats.contains(f));
+            } else if reason.is_some() {
+                // A crash no finding explains yet: watched from now, not from when its
+                // finding is filed (shrinking and memcheck take the main thread seconds).
+                w.push(Watched {
+                    crash: KnownCrash {
+                        signature: format!(
+                            "{k}|crash|{} (not yet filed)",
+                            reason.as_deref().unwrap_or_default()
+                        ),
+                        kernel: k.clone(),
+                        reason: reason.clone(),
+                        trigger: Vec::new(),
+                    },
+                    live: true,
+                    provisional: true,
+                    common: Some(feats.clone()),
+                    counts: PredictedCrashes::default(),
+                });
             }
             for x in w.iter_mut().filter(|x| x.predicts(k, &feats)) {
                 x.counts.run += 1;
@@ -281,9 +317,41 @@ mod tests {
             ..Verdict::default()
         };
         known.observe(&zero_batch(), &[&skipped]);
-        let c = &known.counts()["k|crash|zero"];
+        let counts = known.counts();
+        let c = &counts["k|crash|zero"];
         assert_eq!((c.run, c.crashed), (10, 8));
-        assert_eq!(split(&known, 100), (100, 0));
+        // The other reason, which no finding explains, is watched from its first crash.
+        let p = &counts["k|crash|worker exited (not yet filed)"];
+        assert_eq!((p.run, p.crashed), (1, 1));
+        known.learn(vec![crash("k|crash|zero", vec![Feature::AllZeroBatch])]);
+        let w = known.lock();
+        assert!(!w[0].trusted() && w[1].provisional && w[1].trusted());
+    }
+
+    /// A crash is watched from the generated case it first crashed on, before its
+    /// finding is filed (shrinking and memcheck hold the main thread): the finding the
+    /// book then files for its kernel and reason takes over what was learned.
+    #[test]
+    fn a_crash_predicts_before_its_finding_is_filed() {
+        let known = KnownCrashes::new(0.125, k());
+        known.observe(&zero_batch(), &[&crashed()]);
+        known.observe(&zero_batch(), &[&crashed()]);
+        assert!(split(&known, 100).1 > 0);
+        // A clean case of other features does not touch it.
+        known.observe(&Recipe::small(vec![5; 32], 2, 1), &[&Verdict::default()]);
+        let key = "k|crash|illegal memory access (not yet filed)";
+        assert_eq!(known.counts()[key].run, 2);
+        known.learn(vec![crash("k|crash|zero", vec![Feature::AllZeroBatch])]);
+        let c = &known.counts()["k|crash|zero"];
+        assert_eq!((c.run, c.crashed), (2, 2));
+        assert!(!known.counts().contains_key(key));
+        assert!(split(&known, 100).1 > 0);
+        // Another finding of the same reason later starts from nothing.
+        known.learn(vec![
+            crash("k|crash|zero", vec![Feature::AllZeroBatch]),
+            crash("k|crash|other", vec![Feature::NextN3]),
+        ]);
+        assert!(!known.counts().contains_key("k|crash|other"));
     }
 
     #[test]
@@ -309,6 +377,7 @@ mod tests {
         let nothing = Watched {
             crash: crash("k|crash", Vec::new()),
             live: true,
+            provisional: false,
             common: Some(Vec::new()),
             counts: PredictedCrashes {
                 run: 3,

@@ -308,10 +308,7 @@ impl Campaign<'_, '_> {
         };
         self.any_finding |= self.book.on_event(&mut ctx, &ev);
         self.known_crashes.learn(self.book.known_crashes());
-        if let Source::Generated(done) = source {
-            let verdicts: Vec<_> = done.judgement.runs.iter().map(|r| &r.verdict).collect();
-            self.known_crashes
-                .observe(&done.generated.recipe, &verdicts);
+        if let Source::Generated(_) = source {
             self.progress.update(generated, self.book.distinct(), "");
         }
     }
@@ -413,6 +410,10 @@ impl Campaign<'_, '_> {
                     }
                     let r = engine.judge_drawn(drawn);
                     cost.record(&r.case, t0.elapsed());
+                    // Here, not when the main thread gets to the case: it may be shrinking
+                    // a crash for seconds while this thread draws cases that crash alike.
+                    let verdicts: Vec<_> = r.judgement.runs.iter().map(|x| &x.verdict).collect();
+                    known.observe(&r.generated.recipe, &verdicts);
                     let broken = r.judgement.environment_error.is_some();
                     if tx.send(r).is_err() || broken {
                         break;
