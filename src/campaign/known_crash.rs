@@ -181,15 +181,12 @@ impl KnownCrashes {
             if let Some(x) = mine {
                 let common = x.common.get_or_insert_with(|| feats.clone());
                 common.retain(|f| feats.contains(f));
-            } else if reason.is_some() {
+            } else if let Some(r) = &reason {
                 // A crash no finding explains yet: watched from now, not from when its
                 // finding is filed (shrinking and memcheck take the main thread seconds).
                 w.push(Watched {
                     crash: KnownCrash {
-                        signature: format!(
-                            "{k}|crash|{} (not yet filed)",
-                            reason.as_deref().unwrap_or_default()
-                        ),
+                        signature: format!("{k}|crash|{r} (not yet filed)"),
                         kernel: k.clone(),
                         reason: reason.clone(),
                         trigger: Vec::new(),
