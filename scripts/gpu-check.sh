@@ -34,7 +34,7 @@
 #                                        (200), each bug its own finding with trigger and tier
 # speed       ~2 min build + WARMUP      real-kernel speed, the old binary (OLD_BIN, default ./mqa-fuzz-old,
 #             (45 s) + 4 x BUDGET (100 s) with its adapters in OLD_ADAPTERS) beside this one on the same
-#                                        seeds (DG_ARGS, WARM_UP_AB, STEADY, DG_WORKERS, KNOWN, KNOWN_AB, DG_NEW, JIT_PASS: see
+#                                        seeds (DG_ARGS, WARM_UP_AB, STEADY, DG_WORKERS, KNOWN, KNOWN_AB, DG_NEW, JIT_PASS, OLD_LAST: see
 #                                        check_speed):
 #                                        DeepGEMM over PROFILES (all production; none: skip
 #                                        DeepGEMM), and cuda:tiled (an isolated worker) over TILED_PROFILES
@@ -384,10 +384,15 @@ check_speed() {
             # shellcheck disable=SC2086
             campaign "speed-jitpass-dg-$p" --kernel deepgemm --profile "$p" --budget "$((t * 2))" --seed "$seed" ${DG_ARGS:-}
         fi
-        known_copy "speed-old-dg-$p"
-        # shellcheck disable=SC2086
-        [ -x "$old" ] && MQA_FUZZ_ADAPTERS="$olda" BIN="$old" \
-            campaign "speed-old-dg-$p" --kernel deepgemm --profile "$p" --budget "$t" --seed "$seed" ${DG_ARGS:-}
+        # OLD_LAST=1: the old binary after this binary's runs, not before (a machine whose
+        # GPU stops answering mid-check then still has this binary's figures).
+        old_run() {
+            known_copy "speed-old-dg-$p"
+            # shellcheck disable=SC2086
+            [ -x "$old" ] && MQA_FUZZ_ADAPTERS="$olda" BIN="$old" \
+                campaign "speed-old-dg-$p" --kernel deepgemm --profile "$p" --budget "$t" --seed "$seed" ${DG_ARGS:-}
+        }
+        [ "${OLD_LAST:-0}" = 1 ] || old_run
         # shellcheck disable=SC2086
         [ "${WARM_UP_AB:-0}" = 1 ] && MQA_FUZZ_WARM_UP=off \
             campaign "speed-nowarm-dg-$p" --kernel deepgemm --profile "$p" --budget "$t" --seed "$seed" ${DG_ARGS:-}
@@ -409,6 +414,7 @@ check_speed() {
             # shellcheck disable=SC2086
             MQA_FUZZ_EXEC_WORKERS=$w campaign "speed-w$w-dg-$p" --kernel deepgemm --profile "$p" --budget "$t" --seed "$seed" ${DG_ARGS:-}
         done
+        [ "${OLD_LAST:-0}" = 1 ] && old_run
         # shellcheck disable=SC2086
         [ "${STEADY:-0}" = 1 ] && CORPUS_OF="speed-new-dg-$p" \
             campaign "speed-steady-dg-$p" --kernel deepgemm --profile "$p" --budget "$t" --seed "$((seed + 1))" ${DG_ARGS:-}
