@@ -86,6 +86,7 @@ def main():
             accumulation={"kind": "reduced", "rel": args.rel},
             outside="neg_inf" if args.clean_logits else "any",
             max_kv_bytes=int(free * 0.6),
+            kv_stride_align=16,  # its TMA descriptors (see library_call)
             hostile_values=True,
             nan_behaviour="fmaxf(NaN, 0) = 0 inside: NaN in q or k becomes 0",
         )

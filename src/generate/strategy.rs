@@ -446,6 +446,8 @@ impl Draw {
                 adjust.push(match a {
                     // What the draw gives up is its offset class.
                     Adjustment::KvBytes { .. } => format!("offsets {:?}", d.knobs.offsets),
+                    // One count for every stride it pads up, not one per stride.
+                    Adjustment::KvStride(_) => "kv block stride (unaligned)".to_string(),
                     a => a.to_string(),
                 });
             }
@@ -516,6 +518,7 @@ impl Draw {
             lens_2d: self.per_token.is_some(),
             hostile_values: k.values.is_hostile(),
             kv_bytes: if high { HIGH_OFFSET_CACHE_BYTES } else { 0 },
+            kv_stride_pad: k.kv_stride_pad,
         }
     }
 
@@ -530,6 +533,7 @@ impl Draw {
         k.next_n = fitted.next_n;
         k.heads = fitted.heads;
         k.head_dim = fitted.head_dim;
+        k.kv_stride_pad = fitted.kv_stride_pad;
         self.shuffle16 = fitted.layout == ValueLayout::Shuffle16;
         if fitted.lens_2d != before.lens_2d {
             self.per_token = fitted.lens_2d.then(|| vec![0]);

@@ -68,6 +68,10 @@ pub struct Capabilities {
     pub outside: OutsideContract,
     /// Largest KV cache (bytes) it can be given; `None`: no limit of its own.
     pub max_kv_bytes: Option<u64>,
+    /// Bytes the KV block stride must be a multiple of (DeepGEMM's TMA descriptors: 16);
+    /// `None`: any stride. A padded stride is then padded up to the next multiple.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_stride_align: Option<u64>,
     /// Whether hostile values (NaN codes, non-finite scales/weights) may be sent.
     pub hostile_values: bool,
     /// What the kernel does with NaN inputs, in words (reported, never judged).
@@ -90,6 +94,7 @@ impl Capabilities {
             accumulation: Accumulation::F32,
             outside: OutsideContract::Any,
             max_kv_bytes: None,
+            kv_stride_align: None,
             hostile_values: true,
             nan_behaviour: "propagates NaN through dot and head sum".into(),
         }
@@ -99,6 +104,18 @@ impl Capabilities {
     /// [`Capabilities::fit`] would make to it.
     pub fn rejects(&self, case: &Case) -> Option<String> {
         let first = self.fit(&mut Demands::of_case(case)).into_iter().next();
+        first.map(|a| a.to_string())
+    }
+
+    /// Why this kernel cannot run `case` as a shape, its memory limit left out: what a
+    /// worker life checks again. A life's `max_kv_bytes` is a share of the memory free
+    /// when it started, which the life it replaces (still holding its pools) made
+    /// smaller; the harness admitted the case against the pool's limit, and an
+    /// allocation that fails is a skip (out of device memory) either way.
+    pub fn rejects_shape(&self, case: &Case) -> Option<String> {
+        let mut demands = Demands::of_case(case);
+        demands.kv_bytes = 0;
+        let first = self.fit(&mut demands).into_iter().next();
         first.map(|a| a.to_string())
     }
 
@@ -140,6 +157,14 @@ impl Capabilities {
             if !h.contains(&d.head_dim) {
                 changed.push(Adjustment::HeadDim(d.head_dim));
                 d.head_dim = nearest(h, d.head_dim);
+            }
+        }
+        if let Some(align) = self.kv_stride_align.filter(|&a| a > 1) {
+            // After the block size and head dim moved: the stride is theirs plus the pad.
+            let stride = (d.block_size * (d.head_dim + 4)) as u64 + d.kv_stride_pad;
+            if !stride.is_multiple_of(align) {
+                changed.push(Adjustment::KvStride(stride));
+                d.kv_stride_pad += align - stride % align;
             }
         }
         if d.lens_2d && !self.lens_2d {
@@ -188,6 +213,8 @@ pub struct Demands {
     pub hostile_values: bool,
     /// Bytes of the device KV cache.
     pub kv_bytes: u64,
+    /// Bytes between KV blocks beyond the block's own (`block_size * (head_dim + 4)`).
+    pub kv_stride_pad: u64,
 }
 
 impl Demands {
@@ -205,6 +232,7 @@ impl Demands {
             lens_2d: case.context_lens.is_2d(),
             hostile_values: false,
             kv_bytes: case.kv_cache_bytes(),
+            kv_stride_pad: case.kv_block_stride.saturating_sub(s.block_bytes() as u64),
         }
     }
 }
@@ -226,6 +254,8 @@ pub enum Adjustment {
         bytes: u64,
         limit: u64,
     },
+    /// A KV block stride of this many bytes, not a multiple of the kernel's alignment.
+    KvStride(u64),
 }
 
 impl Adjustment {
@@ -255,6 +285,7 @@ impl std::fmt::Display for Adjustment {
             Adjustment::KvBytes { bytes, limit } => {
                 write!(f, "kv cache of {bytes} bytes > {limit}")
             }
+            Adjustment::KvStride(s) => write!(f, "kv block stride {s} (unaligned)"),
         }
     }
 }
@@ -536,7 +567,53 @@ mod tests {
             lens_2d: true,
             hostile_values: true,
             kv_bytes: 1 << 33,
+            kv_stride_pad: 0,
         }
+    }
+
+    /// A worker life checks a case's shape again, not its pool against the memory
+    /// that was free when the life started (less, while the life it replaced held its
+    /// pools): DeepGEMM's restarted lives skipped engine pools the campaign had drawn
+    /// to the first life's limit.
+    #[test]
+    fn a_life_checks_the_shape_not_the_memory_it_saw_free() {
+        let case = crate::generate::Recipe::small(vec![300, 0, 17], 2, 1).materialize();
+        let tight = Capabilities {
+            max_kv_bytes: Some(case.kv_cache_bytes() - 1),
+            ..Capabilities::everything(ScalePlacement::AfterReluSum)
+        };
+        assert!(tight.rejects(&case).unwrap().starts_with("kv cache of"));
+        assert_eq!(tight.rejects_shape(&case), None);
+        let other_block = Capabilities {
+            block_sizes: BlockSizes::List(vec![case.shape.block_size + 1]),
+            ..tight
+        };
+        let why = other_block
+            .rejects_shape(&case)
+            .expect("a shape it does not take");
+        assert!(why.starts_with("block_size"), "{why}");
+    }
+
+    #[test]
+    fn a_padded_stride_is_padded_up_to_the_alignment_after_the_block_moved() {
+        let aligned = Capabilities {
+            block_sizes: BlockSizes::List(vec![64]),
+            kv_stride_align: Some(16),
+            ..Capabilities::everything(ScalePlacement::AfterReluSum)
+        };
+        // Block 20 moves to 64 first (64 * 68 = 4352 bytes); the pad of 92 then gives 4444.
+        let mut d = Demands {
+            kv_stride_pad: 92,
+            ..demands()
+        };
+        let changed = aligned.fit(&mut d);
+        assert_eq!(
+            changed,
+            vec![Adjustment::BlockSize(20), Adjustment::KvStride(4444)]
+        );
+        assert_eq!(d.kv_stride_pad, 96);
+        assert_eq!(aligned.fit(&mut d), vec![], "an aligned stride fits");
+        assert!(changed[1].drops_a_hazard());
     }
 
     #[test]
