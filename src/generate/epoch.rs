@@ -61,6 +61,8 @@ pub fn pin(draw: &mut Draw, leader: &Draw, fields: &[CompileField]) {
                 (None, Some(p)) => draw.per_token = Some(p.clone()),
                 _ => {}
             },
+            // A batch comes with its lengths: not pinned, only reported.
+            CompileField::BatchClass => {}
         }
     }
 }

@@ -350,10 +350,18 @@ pub enum CompileField {
     Format,
     /// Whether `context_lens` is 2-D (`[B, N]`).
     Lens2d,
+    /// The batch size rounded up to a multiple of [`BATCH_CLASS`]: DeepGEMM compiles its
+    /// scheduler (`get_paged_mqa_logits_metadata`) per such aligned batch size. Shape
+    /// epochs do not pin it (a batch is drawn with its lengths); the report counts a
+    /// class's first call as a compile.
+    BatchClass,
 }
 
+/// The multiple [`CompileField::BatchClass`] rounds a batch size up to.
+pub const BATCH_CLASS: usize = 32;
+
 impl CompileField {
-    pub const ALL: [CompileField; 7] = [
+    pub const ALL: [CompileField; 8] = [
         CompileField::NextN,
         CompileField::Heads,
         CompileField::HeadDim,
@@ -361,6 +369,7 @@ impl CompileField {
         CompileField::Layout,
         CompileField::Format,
         CompileField::Lens2d,
+        CompileField::BatchClass,
     ];
 
     pub fn name(self) -> &'static str {
@@ -372,6 +381,7 @@ impl CompileField {
             CompileField::Layout => "layout",
             CompileField::Format => "format",
             CompileField::Lens2d => "lens_2d",
+            CompileField::BatchClass => "batch_class",
         }
     }
 
@@ -386,6 +396,7 @@ impl CompileField {
             CompileField::Layout => s.layout.name().to_string(),
             CompileField::Format => s.format.name().to_string(),
             CompileField::Lens2d => case.context_lens.is_2d().to_string(),
+            CompileField::BatchClass => (s.batch.div_ceil(BATCH_CLASS) * BATCH_CLASS).to_string(),
         }
     }
 }
@@ -592,6 +603,23 @@ mod tests {
             .rejects_shape(&case)
             .expect("a shape it does not take");
         assert!(why.starts_with("block_size"), "{why}");
+    }
+
+    /// DeepGEMM's scheduler compiles per batch size rounded up to 32: batches of 1 and 32
+    /// share a compile, 33 starts the next.
+    #[test]
+    fn the_batch_class_is_the_batch_rounded_up_to_32() {
+        let key = |b: usize| {
+            let case = crate::generate::Recipe::small(vec![40; b], 1, 3).materialize();
+            compile_key_of(&[CompileField::Heads, CompileField::BatchClass], &case).unwrap()
+        };
+        let heads = crate::generate::Recipe::small(vec![40], 1, 3)
+            .materialize()
+            .shape
+            .heads;
+        assert_eq!(key(1), format!("heads={heads} batch_class=32"));
+        assert_eq!(key(32), key(1));
+        assert_eq!(key(33), format!("heads={heads} batch_class=64"));
     }
 
     #[test]
