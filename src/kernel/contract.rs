@@ -582,46 +582,6 @@ mod tests {
         }
     }
 
-    /// A worker life checks a case's shape again, not its pool against the memory
-    /// that was free when the life started (less, while the life it replaced held its
-    /// pools): DeepGEMM's restarted lives skipped engine pools the campaign had drawn
-    /// to the first life's limit.
-    #[test]
-    fn a_life_checks_the_shape_not_the_memory_it_saw_free() {
-        let case = crate::generate::Recipe::small(vec![300, 0, 17], 2, 1).materialize();
-        let tight = Capabilities {
-            max_kv_bytes: Some(case.kv_cache_bytes() - 1),
-            ..Capabilities::everything(ScalePlacement::AfterReluSum)
-        };
-        assert!(tight.rejects(&case).unwrap().starts_with("kv cache of"));
-        assert_eq!(tight.rejects_shape(&case), None);
-        let other_block = Capabilities {
-            block_sizes: BlockSizes::List(vec![case.shape.block_size + 1]),
-            ..tight
-        };
-        let why = other_block
-            .rejects_shape(&case)
-            .expect("a shape it does not take");
-        assert!(why.starts_with("block_size"), "{why}");
-    }
-
-    /// DeepGEMM's scheduler compiles per batch size rounded up to 32: batches of 1 and 32
-    /// share a compile, 33 starts the next.
-    #[test]
-    fn the_batch_class_is_the_batch_rounded_up_to_32() {
-        let key = |b: usize| {
-            let case = crate::generate::Recipe::small(vec![40; b], 1, 3).materialize();
-            compile_key_of(&[CompileField::Heads, CompileField::BatchClass], &case).unwrap()
-        };
-        let heads = crate::generate::Recipe::small(vec![40], 1, 3)
-            .materialize()
-            .shape
-            .heads;
-        assert_eq!(key(1), format!("heads={heads} batch_class=32"));
-        assert_eq!(key(32), key(1));
-        assert_eq!(key(33), format!("heads={heads} batch_class=64"));
-    }
-
     #[test]
     fn a_padded_stride_is_padded_up_to_the_alignment_after_the_block_moved() {
         let aligned = Capabilities {
