@@ -887,3 +887,55 @@ print("ok")
         "{stderr}"
     );
 }
+
+/// An adapter that declares `kv_stride_align` (DeepGEMM: 16) gets padded strides padded
+/// up to a multiple, counted as adjusted, and never a case it would skip for its stride:
+/// the numpy adapter, told to skip unaligned strides as DeepGEMM does, skips none.
+#[test]
+fn a_declared_stride_alignment_pads_strides_instead_of_skipping_cases() {
+    require_python!("numpy");
+    let dir = fresh_dir("stride-align");
+    let kernel = format!("exec:python3 {FAKES}/../numpy_adapter.py --kv-stride-align 16");
+    let report = dir.join("r");
+    let out = Command::new(env!("CARGO_BIN_EXE_mqa-fuzz"))
+        .args([
+            "run",
+            "--kernel",
+            &kernel,
+            "--profile",
+            "layout",
+            "--cases",
+            "40",
+        ])
+        .args([
+            "--seed",
+            "6",
+            "--no-replay",
+            "--no-shrink",
+            "-q",
+            "--report",
+        ])
+        .arg(&report)
+        .arg("--corpus")
+        .arg(dir.join("c"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.code().unwrap_or(9) <= 1,
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(report.join("report.json")).unwrap())
+            .unwrap();
+    let adjusted = r["counts"]["skip_reasons"]["adjusted: kv block stride (unaligned)"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(adjusted > 0, "no stride padded up: {}", r["counts"]);
+    let log = std::fs::read_to_string(report.join("cases.jsonl")).unwrap();
+    assert!(
+        !log.contains("must be a multiple of 16"),
+        "a case skipped for its stride"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -260,6 +260,9 @@ def main():
                     help="reproduce planted bugs (comma-separated): " + ", ".join(PLANTS))
     ap.add_argument("--compile-key", default="", metavar="FIELD[,FIELD...]",
                     help="declare a compile key (as a JIT-compiling library would), e.g. heads,head_dim,next_n")
+    ap.add_argument("--kv-stride-align", type=int, default=0, metavar="BYTES",
+                    help="declare that the KV block stride must be a multiple of BYTES, and skip cases "
+                         "whose stride is not, as DeepGEMM's TMA descriptors do (tests)")
     ap.add_argument("--setup-delay", type=float, default=0.0, metavar="SECONDS",
                     help="take this long to set up each worker life, as a device initialisation does (tests)")
     pc.add_common_args(ap)
@@ -273,11 +276,20 @@ def main():
         "device": "cpu",
         "capabilities": pc.capabilities(nan_behaviour="propagates NaN through dot and head sum"),
     }
+    align = args.kv_stride_align
+    if align > 1:
+        hello["capabilities"]["kv_stride_align"] = align
+
+    def run(case):
+        if align > 1 and case.kv_block_stride % align:
+            raise pc.Skipped(f"the KV block stride must be a multiple of {align} bytes")
+        return k.run(case)
+
     if args.compile_key:
         hello["compile_key"] = args.compile_key.split(",")
     def setup():
         time.sleep(args.setup_delay)
-        return hello, k.run
+        return hello, run
 
     pc.serve_forking(setup, args.fault)
 
