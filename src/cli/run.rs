@@ -190,7 +190,7 @@ fn print_summary(r: &crate::report::Report, dir: &std::path::Path) {
     for l in crate::report::headline::throughput(r) {
         crate::outln!("{l}");
     }
-    for l in crate::report::headline::launch_lines(r) {
+    for l in crate::report::launches::launch_lines(r) {
         crate::outln!("{l}");
     }
     if !r.findings.is_empty() {

@@ -88,7 +88,7 @@ pub fn summary_md(r: &Report) -> String {
     for l in super::headline::throughput(r) {
         let _ = writeln!(s, "{l}  ");
     }
-    let medians = super::headline::launch_medians(r, 12);
+    let medians = super::launches::launch_medians(r, 12);
     if !medians.is_empty() {
         let _ = writeln!(
             s,
@@ -99,7 +99,7 @@ pub fn summary_md(r: &Report) -> String {
             let _ = writeln!(
                 s,
                 "| `{k}` | {class} | {} | {} |",
-                super::headline::show_us(us),
+                super::launches::show_us(us),
                 group(n)
             );
         }

@@ -8,6 +8,7 @@ pub mod fold;
 pub mod headline;
 pub mod html;
 pub mod junit;
+pub mod launches;
 pub mod markdown;
 pub mod model;
 pub mod picture;
