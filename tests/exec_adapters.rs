@@ -567,6 +567,19 @@ fn fresh_dir(name: &str) -> std::path::PathBuf {
     dir
 }
 
+/// `mqa-fuzz run` of `kernel` over `--profile layout` for `cases` cases of `seed`, without
+/// replay or shrinking, its report in `dir/r` and its corpus in `dir/c`.
+fn layout_campaign(kernel: &str, cases: u32, seed: u32, dir: &std::path::Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_mqa-fuzz"));
+    c.args(["run", "--kernel", kernel, "--profile", "layout"])
+        .args(["--cases", &cases.to_string(), "--seed", &seed.to_string()])
+        .args(["--no-replay", "--no-shrink", "-q", "--report"])
+        .arg(dir.join("r"))
+        .arg("--corpus")
+        .arg(dir.join("c"));
+    c
+}
+
 /// The shape-epoch key fields of every generated case of a `--cases 48` campaign of the
 /// numpy adapter declaring `compile_key` (empty: none), with `extra` arguments.
 fn epoch_keys(name: &str, compile_key: &str, extra: &[&str]) -> Vec<(u64, u64, u64)> {
@@ -577,29 +590,8 @@ fn epoch_keys(name: &str, compile_key: &str, extra: &[&str]) -> Vec<(u64, u64, u
         k => format!("exec:python3 {script} --compile-key {k}"),
     };
     let report = dir.join("r");
-    let mut args = vec![
-        "run",
-        "--kernel",
-        &kernel,
-        "--profile",
-        "layout",
-        "--cases",
-        "48",
-    ];
-    args.extend([
-        "--seed",
-        "4",
-        "--no-replay",
-        "--no-shrink",
-        "-q",
-        "--report",
-    ]);
-    let report_s = report.display().to_string();
-    let corpus_s = dir.join("c").display().to_string();
-    args.extend([report_s.as_str(), "--corpus", corpus_s.as_str()]);
-    args.extend(extra);
-    let out = Command::new(env!("CARGO_BIN_EXE_mqa-fuzz"))
-        .args(&args)
+    let out = layout_campaign(&kernel, 48, 4, &dir)
+        .args(extra)
         .output()
         .unwrap();
     assert!(
@@ -676,27 +668,7 @@ fn a_worker_that_cannot_restart_stops_the_campaign_but_keeps_its_findings() {
     let kernel = format!("exec:sh {}", script.display());
     let (report, corpus) = (dir.join("r"), dir.join("c"));
     let t0 = std::time::Instant::now();
-    let out = Command::new(env!("CARGO_BIN_EXE_mqa-fuzz"))
-        .args([
-            "run",
-            "--kernel",
-            &kernel,
-            "--profile",
-            "layout",
-            "--cases",
-            "12",
-        ])
-        .args([
-            "--seed",
-            "1",
-            "--no-replay",
-            "--no-shrink",
-            "-q",
-            "--report",
-        ])
-        .arg(&report)
-        .arg("--corpus")
-        .arg(&corpus)
+    let out = layout_campaign(&kernel, 12, 1, &dir)
         .env("MQA_FUZZ_EXEC_FORK", "0")
         .output()
         .unwrap();
@@ -897,29 +869,7 @@ fn a_declared_stride_alignment_pads_strides_instead_of_skipping_cases() {
     let dir = fresh_dir("stride-align");
     let kernel = format!("exec:python3 {FAKES}/../numpy_adapter.py --kv-stride-align 16");
     let report = dir.join("r");
-    let out = Command::new(env!("CARGO_BIN_EXE_mqa-fuzz"))
-        .args([
-            "run",
-            "--kernel",
-            &kernel,
-            "--profile",
-            "layout",
-            "--cases",
-            "40",
-        ])
-        .args([
-            "--seed",
-            "6",
-            "--no-replay",
-            "--no-shrink",
-            "-q",
-            "--report",
-        ])
-        .arg(&report)
-        .arg("--corpus")
-        .arg(dir.join("c"))
-        .output()
-        .unwrap();
+    let out = layout_campaign(&kernel, 40, 6, &dir).output().unwrap();
     assert!(
         out.status.code().unwrap_or(9) <= 1,
         "{}",
