@@ -103,8 +103,7 @@ impl Capabilities {
     /// Why this kernel cannot run `case`, or `None` when it can: the first change
     /// [`Capabilities::fit`] would make to it.
     pub fn rejects(&self, case: &Case) -> Option<String> {
-        let first = self.fit(&mut Demands::of_case(case)).into_iter().next();
-        first.map(|a| a.to_string())
+        self.first_change(Demands::of_case(case))
     }
 
     /// Why this kernel cannot run `case` as a shape, its memory limit left out: what a
@@ -113,9 +112,15 @@ impl Capabilities {
     /// smaller; the harness admitted the case against the pool's limit, and an
     /// allocation that fails is a skip (out of device memory) either way.
     pub fn rejects_shape(&self, case: &Case) -> Option<String> {
-        let mut demands = Demands::of_case(case);
-        demands.kv_bytes = 0;
-        let first = self.fit(&mut demands).into_iter().next();
+        self.first_change(Demands {
+            kv_bytes: 0,
+            ..Demands::of_case(case)
+        })
+    }
+
+    /// The first change [`Capabilities::fit`] would make to `d`, in words.
+    fn first_change(&self, mut d: Demands) -> Option<String> {
+        let first = self.fit(&mut d).into_iter().next();
         first.map(|a| a.to_string())
     }
 
