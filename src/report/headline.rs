@@ -306,10 +306,17 @@ pub fn throughput(r: &Report) -> Vec<String> {
     // A merged report has no wall time of its own (its shards may have run side by
     // side or one after another): its rates are per shard, over the summed shard walls.
     // A case its one kernel skipped is generated, not tested: the rate of those run too.
-    let secs = if t.shard_wall_secs > 0.0 {
-        t.shard_wall_secs
+    let (secs, over) = if t.shard_wall_secs > 0.0 {
+        (
+            t.shard_wall_secs,
+            format!(
+                " per shard, over {:.1} s of shard wall summed ({} runs merged)",
+                t.shard_wall_secs,
+                r.merged_runs.len().max(1)
+            ),
+        )
     } else {
-        wall
+        (wall, format!(" over {:.1} s wall", t.wall_secs))
     };
     let ran = match r.per_kernel.values().collect::<Vec<_>>()[..] {
         [k] if k.skipped > 0 => format!(
@@ -319,22 +326,11 @@ pub fn throughput(r: &Report) -> Vec<String> {
         ),
         _ => String::new(),
     };
-    let rate = if t.shard_wall_secs > 0.0 {
-        format!(
-            "throughput: {:.1} cases/s{ran}, {:.2e} verified logits/s per shard, over {:.1} s of shard wall summed ({} runs merged)",
-            cases as f64 / t.shard_wall_secs,
-            logits as f64 / t.shard_wall_secs,
-            t.shard_wall_secs,
-            r.merged_runs.len().max(1)
-        )
-    } else {
-        format!(
-            "throughput: {:.1} cases/s{ran}, {:.2e} verified logits/s over {:.1} s wall",
-            cases as f64 / wall,
-            logits as f64 / wall,
-            t.wall_secs
-        )
-    };
+    let rate = format!(
+        "throughput: {:.1} cases/s{ran}, {:.2e} verified logits/s{over}",
+        cases as f64 / secs,
+        logits as f64 / secs,
+    );
     let mut lines = vec![
         rate,
         format!(
