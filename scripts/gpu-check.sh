@@ -368,10 +368,16 @@ check_speed() {
     # this binary once more on its own corpus (signatures known: a nightly's steady state).
     # DG_NEW=0: not this binary's run with the default pool (DG_WORKERS below times pools).
     # KNOWN=1: each DeepGEMM run below starts from a copy of the warm-up campaign's corpus
-    # (the bugs it found known, as in a nightly).
+    # (the bugs it found known, as in a nightly); with WARMUP=0, of the JIT pass's.
     known_copy() {
         [ "${KNOWN:-0}" = 1 ] || return 0
-        rm -rf "$W/c/$1" && cp -r "$W/c/speed-warmup-dg" "$W/c/$1"
+        local src="$W/c/speed-warmup-dg"
+        [ -d "$src" ] || src="$W/c/speed-jitpass-dg-$p"
+        if [ ! -d "$src" ] || [ "$src" = "$W/c/$1" ]; then
+            echo "KNOWN=1: no warm-up or JIT-pass corpus yet: $1 starts without one"
+            return 0
+        fi
+        rm -rf "$W/c/$1" && cp -r "$src" "$W/c/$1"
     }
     for p in ${PROFILES:-all production}; do
         [ "$p" = none ] && continue
