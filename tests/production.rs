@@ -113,6 +113,39 @@ fn a_kernel_that_needs_aligned_strides_gets_padded_strides_padded_up() {
     assert!(unaligned > 0);
 }
 
+/// An engine's pool has its own stride (a per-layer tensor's tight `bs * (D + 4)`, or a
+/// slab's): a kernel that needs 16-byte aligned strides gets it padded up, counted as
+/// adjusted only where it moved (block size 1 makes every tight stride unaligned).
+#[test]
+fn an_engine_pool_stride_is_padded_up_to_the_kernels_alignment() {
+    let bs1 = |align| Capabilities {
+        block_sizes: BlockSizes::List(vec![1]),
+        kv_stride_align: align,
+        max_kv_bytes: Some(1 << 30),
+        ..cpu_caps()
+    };
+    let (aligned, any) = (bs1(Some(16)), bs1(None));
+    let (mut moved, mut counted) = (0, 0);
+    for k in 0..40 {
+        let d = draw(k, 1.0 / 64.0);
+        let (r, adjust) = d.resolve(&[&aligned]);
+        let c = r.materialize();
+        assert_eq!(c.kv_block_stride % 16, 0, "case {k}");
+        assert!(aligned.rejects(&c).is_none(), "case {k}");
+        let before = d.resolve(&[&any]).0.materialize().kv_block_stride;
+        let was_moved = before != c.kv_block_stride;
+        let was_counted = adjust.iter().any(|a| a == "kv block stride (unaligned)");
+        assert_eq!(
+            was_moved, was_counted,
+            "case {k}: {before} -> {}",
+            c.kv_block_stride
+        );
+        moved += usize::from(was_moved);
+        counted += usize::from(was_counted);
+    }
+    assert!(moved > 0 && counted == moved, "{moved} moved");
+}
+
 fn top_offset(c: &Case) -> u64 {
     c.max_kv_offset()
 }

@@ -199,15 +199,20 @@ pub struct EngineDraw {
 }
 
 impl EngineDraw {
-    /// The pool for block size `bs` and head dim `d`, at most `max_bytes` large.
-    pub fn pool(&self, bs: usize, d: usize, max_bytes: Option<u64>) -> PoolRecipe {
+    /// The pool for block size `bs` and head dim `d`, at most `max_bytes` large, its
+    /// block stride a multiple of `align` bytes (1: any; a kernel's `kv_stride_align`).
+    pub fn pool(&self, bs: usize, d: usize, max_bytes: Option<u64>, align: u64) -> PoolRecipe {
         let tight = (bs * (d + 4)) as u64;
         let (stride, slot_bytes) = match self.slab_stride_64 {
             Some(s) => {
                 let st = (s * bs as u64).div_ceil(64).div_ceil(16) * 16;
-                (st.max(tight), st.max(tight))
+                let st = st.max(tight).next_multiple_of(align.max(1));
+                (st, st)
             }
-            None => (tight, self.pool_bytes_per_token * bs as u64),
+            None => (
+                tight.next_multiple_of(align.max(1)),
+                self.pool_bytes_per_token * bs as u64,
+            ),
         };
         let mut blocks = self.budget_bytes / slot_bytes.max(1);
         if let Some(m) = max_bytes {
@@ -428,18 +433,18 @@ mod tests {
             capped: None,
             scale: 1.0,
         };
-        let p = e.pool(64, 128, None);
+        let p = e.pool(64, 128, None, 1);
         assert_eq!(p.stride, 1_002_240);
         assert!(p.blocks * p.stride > 1 << 34, "{p:?}");
-        assert_eq!(e.pool(1, 128, None).stride % 16, 0);
-        let capped = e.pool(64, 128, Some(8 << 30));
+        assert_eq!(e.pool(1, 128, None, 1).stride % 16, 0);
+        let capped = e.pool(64, 128, Some(8 << 30), 1);
         assert!(capped.blocks * capped.stride <= 8 << 30);
         let v32 = EngineDraw {
             slab_stride_64: None,
             pool_bytes_per_token: 61 * (656 + 132),
             ..e
         };
-        let p = v32.pool(64, 128, None);
+        let p = v32.pool(64, 128, None, 1);
         assert_eq!(p.stride, 64 * 132);
         assert!(p.blocks * p.stride < 1 << 31, "{p:?}");
     }

@@ -440,7 +440,10 @@ impl Draw {
         for c in caps {
             let mut fitted = d.demands();
             for a in c.fit(&mut fitted) {
-                if !a.drops_a_hazard() {
+                // An engine's pool stride is its own, aligned in `engine_recipe`.
+                if !a.drops_a_hazard()
+                    || (self.engine.is_some() && matches!(a, Adjustment::KvStride(_)))
+                {
                     continue;
                 }
                 adjust.push(match a {
@@ -456,7 +459,10 @@ impl Draw {
         let layout = engine::layout_of(d.shuffle16, d.knobs.block_size, d.knobs.head_dim);
         if let Some(e) = &self.engine {
             let max_bytes = caps.iter().filter_map(|c| c.max_kv_bytes).min();
-            return engine_recipe(&d, e, layout, rows_per_request, max_bytes, adjust);
+            let align = (caps.iter().filter_map(|c| c.kv_stride_align))
+                .filter(|&a| a > 1)
+                .fold(1, lcm);
+            return engine_recipe(&d, e, layout, rows_per_request, (max_bytes, align), adjust);
         }
         let base: Vec<usize> = match &d.lens {
             LensDraw::Each(v) => v
@@ -547,6 +553,15 @@ impl Draw {
     }
 }
 
+/// The least common multiple of two alignments.
+fn lcm(a: u64, b: u64) -> u64 {
+    let (mut x, mut y) = (a, b);
+    while y != 0 {
+        (x, y) = (y, x % y);
+    }
+    a / x * b
+}
+
 /// The lengths of a resolved draw: one per sequence, or per token as the standard
 /// causal lengths `[ctx-N+1 … ctx]` perturbed by `per_token` (all-zero perturbations:
 /// the engine's form).
@@ -579,14 +594,17 @@ fn engine_recipe(
     e: &EngineDraw,
     layout: ValueLayout,
     rows_per_request: usize,
-    max_bytes: Option<u64>,
+    (max_bytes, align): (Option<u64>, u64),
     mut adjust: Vec<String>,
 ) -> (Recipe, Vec<String>) {
     let bs = d.knobs.block_size;
     let mml = e.max_model_len;
     let n = d.knobs.next_n * rows_per_request; // rows of one request
-    let mut pool = e.pool(bs, d.knobs.head_dim, max_bytes);
-    if pool != e.pool(bs, d.knobs.head_dim, None) {
+    let mut pool = e.pool(bs, d.knobs.head_dim, max_bytes, align);
+    if pool.stride != e.pool(bs, d.knobs.head_dim, None, 1).stride {
+        adjust.push("kv block stride (unaligned)".into());
+    }
+    if pool != e.pool(bs, d.knobs.head_dim, None, align) {
         adjust.push("pool capped at the kernel's device memory".into());
     }
     let mut lens: Vec<usize> = match &d.lens {
