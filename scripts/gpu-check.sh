@@ -63,7 +63,8 @@
 # A GPU machine without a Rust toolchain or network: on a build machine,
 #   scripts/gpu-check.sh --stage DIR
 # copies the binaries, this script, the adapters, every kernel precompiled by NVRTC and the
-# DeepGEMM sources into DIR; copy DIR over and run DIR/gpu-check.sh [CHECK...] there.
+# DeepGEMM sources into DIR (DG_SAVED=D: also D's dgsite.tgz and jit-cache.tgz, see DG_SAVE);
+# copy DIR over and run DIR/gpu-check.sh [CHECK...] there.
 #
 # Output: every check prints what it finds; logs, reports and saved cases go under $OUT
 # (default: a new temporary directory, printed). Knobs: CASES, REFERENCE_CASES, GENERATOR_CASES, JUDGE_CASES, PROFILE,
@@ -71,7 +72,9 @@
 # BUDGET, SEED, OLD_BIN, OLD_ADAPTERS, PROFILES, TILED_BUDGET (0: none), TILED_PROFILES, TILED_ARGS,
 # HOST_BENCH (0: no `bench judge`/`bench host`) (speed; session 11's device-path comparison: PROFILES=none TILED_BUDGET=30 SEED=11
 # TILED_PROFILES="production all" TILED_ARGS="--repeat 1 --batch-invariance off");
-# TORCH=0 skips the torch campaigns.
+# TORCH=0 skips the torch campaigns. DG_SAVE=DIR saves DeepGEMM's build (dgsite.tgz) and JIT
+# cache (jit-cache.tgz) there; put them in DIR/dg/ of a later staging and that machine (same
+# image) skips the ~2 min build and DeepGEMM's nvcc for the kernels already compiled.
 set -u
 here="$(cd "$(dirname "$0")" && pwd)"
 
@@ -95,6 +98,10 @@ if [ "${1:-}" = "--stage" ]; then
         cp "${DG_SDIST:-$root/../shared/vendor/deepinfer_gemm-2.8.2.tar.gz}" "$dest/dg/" &&
             (cd "$dest/dg" && apt-get download libdw-dev libelf-dev && for f in *.deb; do dpkg -x "$f" x; done)
     fi
+    # DG_SAVED=DIR: a DeepGEMM build and JIT cache that an earlier DG_SAVE=DIR brought back.
+    for f in dgsite.tgz jit-cache.tgz; do
+        [ -n "${DG_SAVED:-}" ] && [ -f "$DG_SAVED/$f" ] && cp "$DG_SAVED/$f" "$dest/dg/$f" && echo "staged $f"
+    done
     # NVRTC needs no GPU: compile every kernel variant here (LD_LIBRARY_PATH must reach libnvrtc).
     rm -rf "$dest/cache"
     XDG_CACHE_HOME="$dest/cache" "$dest/mqa-fuzz" gpu-precompile --arch sm_90a || exit 1
@@ -150,10 +157,24 @@ PY
 
 # DeepGEMM 2.8.2 from its source distribution (about 100-140 s), unless it is built already;
 # then PYTHONPATH and LD_PRELOAD as its JIT runtime needs them (docs/exec.md).
+# A build saved earlier on a machine of the same image (dg/dgsite.tgz, from DG_SAVE) is
+# unpacked instead (seconds), and DeepGEMM's JIT cache starts from dg/jit-cache.tgz where
+# one was saved: its kernels then need no nvcc on this machine.
 deepgemm_env() {
     export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
     local site=${DG_SITE:-/tmp/dgsite}
-    if ! PYTHONPATH=$site python3 -c 'import deep_gemm' 2>/dev/null; then
+    export DG_JIT_CACHE_DIR=${DG_JIT_CACHE_DIR:-/tmp/dgjit}
+    if [ -f "$dg_dir/jit-cache.tgz" ] && [ ! -d "$DG_JIT_CACHE_DIR/cache" ]; then
+        mkdir -p "$DG_JIT_CACHE_DIR" && tar xzf "$dg_dir/jit-cache.tgz" -C "$DG_JIT_CACHE_DIR" &&
+            echo "[$(stamp)] DeepGEMM JIT cache: $(ls "$DG_JIT_CACHE_DIR/cache" | wc -l) entries from $dg_dir/jit-cache.tgz"
+    fi
+    if [ -f "$dg_dir/dgsite.tgz" ] && ! PYTHONPATH=$site python3 -c 'import deep_gemm' 2>/dev/null; then
+        mkdir -p "$site" && tar xzf "$dg_dir/dgsite.tgz" -C "$site" &&
+            echo "[$(stamp)] DeepGEMM: the build saved in $dg_dir/dgsite.tgz"
+        LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libstdc++.so.6 PYTHONPATH=$site python3 -c 'import deep_gemm' 2>/dev/null ||
+            { echo "the saved build does not import here: building"; rm -rf "$site"; }
+    fi
+    if ! LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libstdc++.so.6 PYTHONPATH=$site python3 -c 'import deep_gemm' 2>/dev/null; then
         local sdist t0
         sdist=$(ls "$dg_dir"/deepinfer_gemm-*.tar.gz 2>/dev/null | head -1)
         sdist=${sdist:-${DG_SDIST:-$here/../../shared/vendor/deepinfer_gemm-2.8.2.tar.gz}}
@@ -163,6 +184,8 @@ deepgemm_env() {
             python3 -m pip install --no-build-isolation --no-deps --no-index --target "$site" . >"$W/logs/dg-build.log" 2>&1) ||
             { echo "DeepGEMM build FAILED"; tail -30 "$W/logs/dg-build.log"; return 3; }
         echo "[$(stamp)] DeepGEMM build: $(($(date +%s) - t0)) s"
+        [ -n "${DG_SAVE:-}" ] && mkdir -p "$DG_SAVE" && tar czf "$DG_SAVE/dgsite.tgz" -C "$site" . &&
+            echo "DeepGEMM's build saved: $DG_SAVE/dgsite.tgz ($(du -h "$DG_SAVE/dgsite.tgz" | cut -f1))"
     fi
     export PYTHONPATH=$site LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libstdc++.so.6
 }
@@ -561,5 +584,10 @@ for c in "${checks[@]}"; do
         ;;
     esac
 done
+# DG_SAVE=DIR: DeepGEMM's JIT cache as the checks left it, for dg/jit-cache.tgz next time.
+if [ -n "${DG_SAVE:-}" ] && [ -d "${DG_JIT_CACHE_DIR:-/tmp/dgjit}/cache" ]; then
+    mkdir -p "$DG_SAVE" && tar czf "$DG_SAVE/jit-cache.tgz" -C "${DG_JIT_CACHE_DIR:-/tmp/dgjit}" cache &&
+        echo "DeepGEMM's JIT cache saved: $DG_SAVE/jit-cache.tgz ($(du -h "$DG_SAVE/jit-cache.tgz" | cut -f1))"
+fi
 echo "logs, reports and saved cases: $W"
 exit $status
