@@ -168,7 +168,7 @@ deepgemm_env() {
         mkdir -p "$DG_JIT_CACHE_DIR" && tar xzf "$dg_dir/jit-cache.tgz" -C "$DG_JIT_CACHE_DIR" &&
             echo "[$(stamp)] DeepGEMM JIT cache: $(ls "$DG_JIT_CACHE_DIR/cache" | wc -l) entries from $dg_dir/jit-cache.tgz"
     fi
-    if [ -f "$dg_dir/dgsite.tgz" ] && ! PYTHONPATH=$site python3 -c 'import deep_gemm' 2>/dev/null; then
+    if [ -f "$dg_dir/dgsite.tgz" ] && ! LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libstdc++.so.6 PYTHONPATH=$site python3 -c 'import deep_gemm' 2>/dev/null; then
         mkdir -p "$site" && tar xzf "$dg_dir/dgsite.tgz" -C "$site" &&
             echo "[$(stamp)] DeepGEMM: the build saved in $dg_dir/dgsite.tgz"
         LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libstdc++.so.6 PYTHONPATH=$site python3 -c 'import deep_gemm' 2>/dev/null ||

@@ -462,7 +462,7 @@ impl Draw {
             let align = (caps.iter().filter_map(|c| c.kv_stride_align))
                 .filter(|&a| a > 1)
                 .fold(1, lcm);
-            return engine_recipe(&d, e, layout, rows_per_request, (max_bytes, align), adjust);
+            return engine_recipe(&d, e, layout, rows_per_request, max_bytes, align, adjust);
         }
         let base: Vec<usize> = match &d.lens {
             LensDraw::Each(v) => v
@@ -586,7 +586,7 @@ fn causal_lens(d: &Draw, base: Vec<usize>) -> LensRecipe {
 }
 
 /// A production draw's recipe: the pool for the final block size (within the kernels'
-/// device memory), the batch fitted to the pool and to the workspace limit, lengths
+/// device memory, its stride a multiple of `align`), the batch fitted to the pool and to the workspace limit, lengths
 /// scaled, MTP flattened where the kernel takes fewer rows, CUDA-graph padding, the
 /// model's max_model_len and the engine's full-width block table where it is small.
 fn engine_recipe(
@@ -594,7 +594,8 @@ fn engine_recipe(
     e: &EngineDraw,
     layout: ValueLayout,
     rows_per_request: usize,
-    (max_bytes, align): (Option<u64>, u64),
+    max_bytes: Option<u64>,
+    align: u64,
     mut adjust: Vec<String>,
 ) -> (Recipe, Vec<String>) {
     let bs = d.knobs.block_size;
