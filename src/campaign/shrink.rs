@@ -90,7 +90,11 @@ pub(super) fn shrink(
         if interrupt::requested() || steps >= MAX_STEPS {
             break;
         }
+        // A step is the candidate's materialisation and its judging: both are timed
+        // (a production candidate's pool takes a while to lay out on a busy host).
+        let made = Instant::now();
         let (recipe, cand, _) = engine.materialize(&engine.in_epoch(k, tree.current()));
+        let made = made.elapsed();
         if began.elapsed() + cost.guess(&cand) >= budget {
             skipped += 1;
             if !tree.complicate() {
@@ -105,7 +109,7 @@ pub(super) fn shrink(
         if cand.validate().is_ok() {
             let t0 = Instant::now();
             let (verdict, evidence) = run(&cand);
-            cost.record(&cand, t0.elapsed());
+            cost.record(&cand, made + t0.elapsed());
             if !keep(&verdict) {
                 // Another failure met on the way: kept once per class and crash reason.
                 if let Some(class) = verdict.primary_class() {

@@ -225,10 +225,11 @@ pub fn ablate(
     let out_of_time = |c: &Case, cost: &RunCost| {
         Instant::now() + cost.guess(c) >= deadline || crate::interrupt::requested()
     };
-    let mut still_fails = |c: &Case, cost: &mut RunCost| {
+    // A run's time counts its case's materialisation (`made`) with its judging.
+    let mut still_fails = |c: &Case, made: Duration, cost: &mut RunCost| {
         let t0 = Instant::now();
         let r = still_fails(c);
-        cost.record(c, t0.elapsed());
+        cost.record(c, made + t0.elapsed());
         r
     };
     for _ in 0..CONTROL_RUNS {
@@ -236,7 +237,7 @@ pub fn ablate(
             return (Trigger::new(recipe, Vec::new(), false), runs);
         }
         runs += 1;
-        if still_fails(&case, cost) == Some(false) {
+        if still_fails(&case, Duration::ZERO, cost) == Some(false) {
             let mut t = Trigger::new(recipe, Vec::new(), false);
             t.flaky = true;
             return (t, runs);
@@ -250,10 +251,12 @@ pub fn ablate(
                 complete = false;
                 break 'features;
             }
+            let made = Instant::now();
             let case = benign
                 .clone()
                 .with(|k| k.seed ^= draw.wrapping_mul(0x9E37_79B9_7F4A_7C15))
                 .materialize();
+            let made = made.elapsed();
             if out_of_time(&case, cost) {
                 complete = false;
                 break 'features;
@@ -262,7 +265,7 @@ pub fn ablate(
                 continue 'features;
             }
             runs += 1;
-            match still_fails(&case, cost) {
+            match still_fails(&case, made, cost) {
                 Some(false) => clean = true,
                 Some(true) => continue 'features,
                 None => {}
@@ -288,15 +291,17 @@ pub fn ablate(
         trigger.checked_tier = Some(want);
     } else if complete {
         for draw in 0..ABLATION_DRAWS {
+            let made = Instant::now();
             let case = joint
                 .clone()
                 .with(|k| k.seed ^= draw.wrapping_mul(0x9E37_79B9_7F4A_7C15))
                 .materialize();
+            let made = made.elapsed();
             if out_of_time(&case, cost) || case.validate().is_err() {
                 break;
             }
             runs += 1;
-            if still_fails(&case, cost) == Some(true) {
+            if still_fails(&case, made, cost) == Some(true) {
                 trigger.checked_tier = Some(want);
                 break;
             }
