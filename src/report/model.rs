@@ -488,9 +488,10 @@ pub struct Shrinking {
     /// Failures filed to a finding a corpus file holds shrunk (its saved signature, not
     /// replayed in this campaign), without shrinking them.
     pub known_from_corpus: u64,
-    /// The longest single shrink or ablation run: a run is not started when it is
-    /// expected to end past a cap, so a cap is overrun by at most about this much per
-    /// job (when a run takes longer than its guess). Merged: the largest.
+    /// The longest single shrink or ablation run (its case's materialisation and its
+    /// judging): a run is not started when it is expected to end past a cap, so a cap
+    /// is overrun by at most about this much per job (when a run takes longer than its
+    /// guess). Merged: the largest.
     pub longest_run_secs: f64,
 }
 
