@@ -163,18 +163,21 @@ PY
 deepgemm_env() {
     export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
     local site=${DG_SITE:-/tmp/dgsite}
+    imports() { LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libstdc++.so.6 PYTHONPATH=$site python3 -c 'import deep_gemm' 2>/dev/null; }
     export DG_JIT_CACHE_DIR=${DG_JIT_CACHE_DIR:-/tmp/dgjit}
     if [ -f "$dg_dir/jit-cache.tgz" ] && [ ! -d "$DG_JIT_CACHE_DIR/cache" ]; then
         mkdir -p "$DG_JIT_CACHE_DIR" && tar xzf "$dg_dir/jit-cache.tgz" -C "$DG_JIT_CACHE_DIR" &&
             echo "[$(stamp)] DeepGEMM JIT cache: $(ls "$DG_JIT_CACHE_DIR/cache" | wc -l) entries from $dg_dir/jit-cache.tgz"
     fi
-    if [ -f "$dg_dir/dgsite.tgz" ] && ! LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libstdc++.so.6 PYTHONPATH=$site python3 -c 'import deep_gemm' 2>/dev/null; then
+    if [ -f "$dg_dir/dgsite.tgz" ] && ! imports; then
         mkdir -p "$site" && tar xzf "$dg_dir/dgsite.tgz" -C "$site" &&
             echo "[$(stamp)] DeepGEMM: the build saved in $dg_dir/dgsite.tgz"
-        LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libstdc++.so.6 PYTHONPATH=$site python3 -c 'import deep_gemm' 2>/dev/null ||
-            { echo "the saved build does not import here: building"; rm -rf "$site"; }
+        imports || {
+            echo "the saved build does not import here: building"
+            rm -rf "$site"
+        }
     fi
-    if ! LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libstdc++.so.6 PYTHONPATH=$site python3 -c 'import deep_gemm' 2>/dev/null; then
+    if ! imports; then
         local sdist t0
         sdist=$(ls "$dg_dir"/deepinfer_gemm-*.tar.gz 2>/dev/null | head -1)
         sdist=${sdist:-${DG_SDIST:-$here/../../shared/vendor/deepinfer_gemm-2.8.2.tar.gz}}
