@@ -203,6 +203,15 @@ impl RunCost {
     }
 }
 
+/// `recipe` with value draw `draw` of its seed, materialised, and how long that took.
+fn drawn(recipe: Recipe, draw: u64) -> (Case, Duration) {
+    let t0 = Instant::now();
+    let case = recipe
+        .with(|k| k.seed ^= draw.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+        .materialize();
+    (case, t0.elapsed())
+}
+
 /// Ablation: for each feature `recipe` has, its benign form is materialised and run
 /// (`still_fails`: `Some(true)` the failure still shows, `Some(false)` the case is
 /// clean, `None` inconclusive: the kernel skips the rewritten case, or it fails in
@@ -251,12 +260,7 @@ pub fn ablate(
                 complete = false;
                 break 'features;
             }
-            let made = Instant::now();
-            let case = benign
-                .clone()
-                .with(|k| k.seed ^= draw.wrapping_mul(0x9E37_79B9_7F4A_7C15))
-                .materialize();
-            let made = made.elapsed();
+            let (case, made) = drawn(benign.clone(), draw);
             if out_of_time(&case, cost) {
                 complete = false;
                 break 'features;
@@ -291,12 +295,7 @@ pub fn ablate(
         trigger.checked_tier = Some(want);
     } else if complete {
         for draw in 0..ABLATION_DRAWS {
-            let made = Instant::now();
-            let case = joint
-                .clone()
-                .with(|k| k.seed ^= draw.wrapping_mul(0x9E37_79B9_7F4A_7C15))
-                .materialize();
-            let made = made.elapsed();
+            let (case, made) = drawn(joint.clone(), draw);
             if out_of_time(&case, cost) || case.validate().is_err() {
                 break;
             }

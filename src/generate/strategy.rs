@@ -449,8 +449,7 @@ impl Draw {
                 adjust.push(match a {
                     // What the draw gives up is its offset class.
                     Adjustment::KvBytes { .. } => format!("offsets {:?}", d.knobs.offsets),
-                    // One count for every stride it pads up, not one per stride.
-                    Adjustment::KvStride(_) => "kv block stride (unaligned)".to_string(),
+                    Adjustment::KvStride(_) => UNALIGNED_STRIDE.to_string(),
                     a => a.to_string(),
                 });
             }
@@ -553,6 +552,10 @@ impl Draw {
     }
 }
 
+/// What a stride padded up to a kernel's alignment is counted as: one count for every
+/// stride it pads up (a draw's padded stride or an engine pool's), not one per stride.
+const UNALIGNED_STRIDE: &str = "kv block stride (unaligned)";
+
 /// The least common multiple of two alignments.
 fn lcm(a: u64, b: u64) -> u64 {
     let (mut x, mut y) = (a, b);
@@ -603,7 +606,7 @@ fn engine_recipe(
     let n = d.knobs.next_n * rows_per_request; // rows of one request
     let mut pool = e.pool(bs, d.knobs.head_dim, max_bytes, align);
     if pool.stride != e.pool(bs, d.knobs.head_dim, None, 1).stride {
-        adjust.push("kv block stride (unaligned)".into());
+        adjust.push(UNALIGNED_STRIDE.into());
     }
     if pool != e.pool(bs, d.knobs.head_dim, None, align) {
         adjust.push("pool capped at the kernel's device memory".into());
