@@ -10,6 +10,7 @@ mod saved;
 
 use super::engine::divergent_verdict;
 use super::event::{Event, Source};
+use super::known_crash::may_be;
 use super::save::{replay_command, save_finding, SaveRequest};
 use super::shrink::{self, Shrunk};
 use super::subject::{ablation_outcome, localise, same_bug_classes, smaller};
@@ -112,10 +113,8 @@ impl Book {
                 .iter()
                 .find(|k| {
                     self.merged_into[k.index] == k.index
-                        && k.kernel == name
                         && same_bug_classes(k.class, c, &k.trigger)
-                        && k.reason == r
-                        && k.trigger.iter().all(|f| feats.contains(f))
+                        && may_be((&k.kernel, &k.reason, &k.trigger), (name, &r, feats))
                 })
                 .map(|k| k.index)
         })

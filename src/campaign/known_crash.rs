@@ -45,6 +45,16 @@ pub(super) struct KnownCrash {
     pub trigger: Vec<Feature>,
 }
 
+/// Whether a failure found on a kernel, with a reason (a crash's; `None` otherwise),
+/// needing a trigger, may be what happened on `on`: a kernel that failed with a reason
+/// on a case with these features. The book and the watch ask the same.
+pub(super) fn may_be(
+    (kernel, reason, trigger): (&str, &Option<String>, &[Feature]),
+    on: (&str, &Option<String>, &[Feature]),
+) -> bool {
+    kernel == on.0 && *reason == *on.1 && trigger.iter().all(|f| on.2.contains(f))
+}
+
 struct Watched {
     crash: KnownCrash,
     /// Still a live finding of the book (a finding generalised into another stops
@@ -71,10 +81,8 @@ impl Watched {
 
     /// Whether a crash of `reason` on `kernel`, on a case with `feats`, may be this one.
     fn explains(&self, kernel: &str, reason: &Option<String>, feats: &[Feature]) -> bool {
-        self.live
-            && self.crash.kernel == kernel
-            && self.crash.reason == *reason
-            && self.crash.trigger.iter().all(|f| feats.contains(f))
+        let c = &self.crash;
+        self.live && may_be((&c.kernel, &c.reason, &c.trigger), (kernel, reason, feats))
     }
 
     /// Seen crashing that way on a generated case, and seldom anything else.
