@@ -34,7 +34,7 @@
 #                                        (200), each bug its own finding with trigger and tier
 # speed       ~2 min build + WARMUP      real-kernel speed, the old binary (OLD_BIN, default ./mqa-fuzz-old,
 #             (45 s) + 4 x BUDGET (100 s) with its adapters in OLD_ADAPTERS) beside this one on the same
-#                                        seeds (DG_ARGS, WARM_UP_AB, STEADY, DG_WORKERS, KNOWN, KNOWN_AB, DG_NEW, JIT_PASS, OLD_LAST: see
+#                                        seeds (DG_ARGS, WARM_UP_AB, STEADY, DG_WORKERS, KNOWN, KNOWN_AB, DG_NEW, JIT_PASS, JIT_CASES, OLD_LAST: see
 #                                        check_speed):
 #                                        DeepGEMM over PROFILES (all production; none: skip
 #                                        DeepGEMM), and cuda:tiled (an isolated worker) over TILED_PROFILES
@@ -407,14 +407,17 @@ check_speed() {
     }
     for p in ${PROFILES:-all production}; do
         [ "$p" = none ] && continue
-        # JIT_PASS=1: this binary once, untimed, on the timed runs' seed for twice their
-        # budget: DeepGEMM compiles its scheduler per batch size rounded up to 32 as well
-        # as per compile key, so a warm-up of another seed leaves the first timed run to
-        # pay nvcc for the batch sizes only the runs' seed visits.
+        # JIT_PASS=1: this binary once, untimed, on the timed runs' seed: DeepGEMM compiles
+        # its scheduler per batch size rounded up to 32 as well as per compile key, so a
+        # warm-up of another seed leaves the first timed run to pay nvcc for the batch sizes
+        # only the runs' seed visits. The pass stops at JIT_CASES cases (default 80 a second
+        # of the timed budget: more than a warm run generates) or 4 budgets: it compiles as it
+        # goes, so a pass of twice the budget reached fewer cases than the timed run did.
         if [ "${JIT_PASS:-0}" = 1 ]; then
             known_copy "speed-jitpass-dg-$p"
             # shellcheck disable=SC2086
-            campaign "speed-jitpass-dg-$p" --kernel deepgemm --profile "$p" --budget "$((t * 2))" --seed "$seed" ${DG_ARGS:-}
+            campaign "speed-jitpass-dg-$p" --kernel deepgemm --profile "$p" --budget "$((t * 4))" \
+                --cases "${JIT_CASES:-$((t * 80))}" --seed "$seed" ${DG_ARGS:-}
         fi
         # OLD_LAST=1: the old binary after this binary's runs, not before (a machine whose
         # GPU stops answering mid-check then still has this binary's figures).
