@@ -70,7 +70,8 @@ pub enum Feature {
     Lens2dNonMonotonic,
     /// Some sequences have length 0 (others do not).
     ZeroLengthRows,
-    /// Every sequence has length 0.
+    /// Every sequence has length 0: with 2-D lengths, every row's last (its longest in an
+    /// engine's form), the one DeepGEMM's scheduler reads (`context_lens[b][next_n - 1]`).
     AllZeroBatch,
     /// A batch of 32 sequences or a multiple of it (DeepGEMM's scheduler aligns to 32).
     AlignedBatch,
@@ -170,7 +171,15 @@ impl Feature {
                 "non-monotonic 2-D lengths (a later draft row shorter)".into()
             }
             Feature::ZeroLengthRows => "zero-length rows".into(),
-            Feature::AllZeroBatch => format!("an all-zero batch of {}", r.batch()),
+            Feature::AllZeroBatch => match &r.lens {
+                LensRecipe::PerToken(v) if v.iter().flatten().any(|&l| l > 0) => {
+                    format!(
+                        "a batch of {} whose rows' last lengths are all 0",
+                        r.batch()
+                    )
+                }
+                _ => format!("an all-zero batch of {}", r.batch()),
+            },
             Feature::AlignedBatch => format!("a batch of {}, a multiple of 32", r.batch()),
             Feature::CtxEqMaxModelLen => "ctx == max_model_len".into(),
             Feature::TablePadding => format!("table padding {}", padding_name(r.knobs.padding)),
@@ -228,7 +237,7 @@ impl Feature {
                 LensRecipe::PerSequence(_) => false,
             },
             Feature::ZeroLengthRows => seqs.contains(&0) && seqs.iter().any(|&l| l > 0),
-            Feature::AllZeroBatch => seqs.iter().all(|&l| l == 0),
+            Feature::AllZeroBatch => last_lens(r).all(|l| l == 0),
             Feature::AlignedBatch => {
                 r.batch() >= ALIGNED_BATCH && r.batch().is_multiple_of(ALIGNED_BATCH)
             }
@@ -422,6 +431,15 @@ fn seq_lens(r: &Recipe) -> Vec<usize> {
     }
 }
 
+/// Each row's last length (a 1-D length is its row's only one).
+fn last_lens(r: &Recipe) -> impl Iterator<Item = usize> + '_ {
+    let rows: Box<dyn Iterator<Item = usize>> = match &r.lens {
+        LensRecipe::PerSequence(v) => Box::new(v.iter().copied()),
+        LensRecipe::PerToken(v) => Box::new(v.iter().map(|row| row.last().copied().unwrap_or(0))),
+    };
+    rows
+}
+
 /// The engine's per-token lengths of a sequence of `l` tokens: `[L-N+1 … L]`.
 fn engine_row_for(n: usize, l: usize) -> Vec<usize> {
     (0..n).map(|i| (l + i + 1).saturating_sub(n)).collect()
@@ -493,6 +511,26 @@ mod tests {
         assert!(Feature::ALL
             .iter()
             .all(|f| Feature::parse(f.name()) == Some(*f)));
+    }
+
+    /// DeepGEMM's scheduler reads each row's last 2-D length: a batch whose last draft
+    /// tokens all have length 0 crashed it in session 30 although earlier tokens had 1,
+    /// so that batch is all-zero, and its benign form (row 0 in the engine's form) is not.
+    #[test]
+    fn a_2d_batch_whose_last_lengths_are_zero_is_all_zero() {
+        let mut r = Recipe::small(vec![0; 64], 2, 7);
+        r.lens = LensRecipe::PerToken((0..64).map(|i| vec![i % 2, 0]).collect());
+        assert!(Feature::AllZeroBatch.present(&r) && Feature::AlignedBatch.present(&r));
+        assert!(Feature::AllZeroBatch
+            .sentence(&r)
+            .contains("last lengths are all 0"));
+        assert!(!Feature::AllZeroBatch.present(&Feature::AllZeroBatch.benign(&r)));
+        r.lens = LensRecipe::PerToken((0..64).map(|i| vec![0, i % 2]).collect());
+        assert!(!Feature::AllZeroBatch.present(&r));
+        r.lens = LensRecipe::PerToken(vec![vec![0, 0]; 64]);
+        assert!(Feature::AllZeroBatch
+            .sentence(&r)
+            .starts_with("an all-zero batch"));
     }
 
     /// A batch of 32 loses its alignment by one sequence more, a copy of the last, and
