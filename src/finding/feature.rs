@@ -171,15 +171,14 @@ impl Feature {
                 "non-monotonic 2-D lengths (a later draft row shorter)".into()
             }
             Feature::ZeroLengthRows => "zero-length rows".into(),
-            Feature::AllZeroBatch => match &r.lens {
-                LensRecipe::PerToken(v) if v.iter().flatten().any(|&l| l > 0) => {
-                    format!(
-                        "a batch of {} whose rows' last lengths are all 0",
-                        r.batch()
-                    )
-                }
-                _ => format!("an all-zero batch of {}", r.batch()),
-            },
+            // Some row's earlier tokens are longer (seq_lens takes each row's longest).
+            Feature::AllZeroBatch if seq_lens(r).iter().any(|&l| l > 0) => {
+                format!(
+                    "a batch of {} whose rows' last lengths are all 0",
+                    r.batch()
+                )
+            }
+            Feature::AllZeroBatch => format!("an all-zero batch of {}", r.batch()),
             Feature::AlignedBatch => format!("a batch of {}, a multiple of 32", r.batch()),
             Feature::CtxEqMaxModelLen => "ctx == max_model_len".into(),
             Feature::TablePadding => format!("table padding {}", padding_name(r.knobs.padding)),
@@ -237,7 +236,7 @@ impl Feature {
                 LensRecipe::PerSequence(_) => false,
             },
             Feature::ZeroLengthRows => seqs.contains(&0) && seqs.iter().any(|&l| l > 0),
-            Feature::AllZeroBatch => last_lens(r).all(|l| l == 0),
+            Feature::AllZeroBatch => last_lens(r).iter().all(|&l| l == 0),
             Feature::AlignedBatch => {
                 r.batch() >= ALIGNED_BATCH && r.batch().is_multiple_of(ALIGNED_BATCH)
             }
@@ -432,12 +431,14 @@ fn seq_lens(r: &Recipe) -> Vec<usize> {
 }
 
 /// Each row's last length (a 1-D length is its row's only one).
-fn last_lens(r: &Recipe) -> impl Iterator<Item = usize> + '_ {
-    let rows: Box<dyn Iterator<Item = usize>> = match &r.lens {
-        LensRecipe::PerSequence(v) => Box::new(v.iter().copied()),
-        LensRecipe::PerToken(v) => Box::new(v.iter().map(|row| row.last().copied().unwrap_or(0))),
-    };
-    rows
+fn last_lens(r: &Recipe) -> Vec<usize> {
+    match &r.lens {
+        LensRecipe::PerSequence(v) => v.clone(),
+        LensRecipe::PerToken(v) => v
+            .iter()
+            .map(|row| row.last().copied().unwrap_or(0))
+            .collect(),
+    }
 }
 
 /// The engine's per-token lengths of a sequence of `l` tokens: `[L-N+1 … L]`.
