@@ -630,3 +630,42 @@ fn planted_bug_campaign_keeps_out_of_corpus_and_its_report_reads_plainly() {
     );
     assert!(html.contains("KV tokens (context lengths summed)"));
 }
+
+#[test]
+fn a_saved_recipe_this_version_cannot_read_is_named_on_replay_not_ignored() {
+    let d = tmp();
+    let corpus = d.path().join("corpus");
+    std::fs::create_dir_all(&corpus).unwrap();
+    let mut v: Value = serde_json::from_slice(
+        &std::fs::read(seed_corpus_file("seed-block-offsets-past-4g.json")).unwrap(),
+    )
+    .unwrap();
+    v["provenance"]["recipe"]["lens"] = serde_json::json!({"per_sequence": "forty"});
+    let file = corpus.join("past-4g-bad-recipe.json");
+    std::fs::write(&file, serde_json::to_vec(&v).unwrap()).unwrap();
+    let out = mqa(
+        d.path(),
+        &[
+            "run",
+            "--kernel",
+            "cpu:bug-offset32-kv",
+            "--cases",
+            "0",
+            "--seed",
+            "1",
+            "--corpus",
+            "corpus",
+            "--report",
+            "r",
+        ],
+    );
+    // The saved case still replays and fails; the recipe beside it is named, not dropped.
+    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
+    let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(
+        all.contains("past-4g-bad-recipe.json: provenance.recipe")
+            && all.contains("not ablated again"),
+        "{}",
+        show(&out)
+    );
+}

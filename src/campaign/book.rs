@@ -363,7 +363,13 @@ impl Book {
         } else {
             None
         };
-        let recipe = saved::saved_recipe(file);
+        let recipe = saved::read_recipe(file).unwrap_or_else(|e| {
+            ctx.progress.println(&format!(
+                "warning: {}: {e}; its trigger is not ablated again",
+                path.display()
+            ));
+            None
+        });
         let engine = ctx.engine;
         let mut cut = None;
         let trigger = match &recipe {

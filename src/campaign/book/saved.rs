@@ -84,8 +84,18 @@ pub(in crate::campaign) fn saved_trigger(
 
 /// The saved recipe of a corpus file, if it has one this version reads.
 pub(in crate::campaign) fn saved_recipe(file: &CaseFile) -> Option<Recipe> {
-    let r = file.provenance.recipe.as_ref()?;
-    serde_json::from_value(r.clone()).ok()
+    read_recipe(file).ok().flatten()
+}
+
+/// The saved recipe of a corpus file (`None`: it has none), or why this version cannot
+/// read the one it has (`provenance.recipe: …`).
+pub(in crate::campaign) fn read_recipe(file: &CaseFile) -> Result<Option<Recipe>, String> {
+    file.provenance
+        .recipe
+        .as_ref()
+        .map(|r| serde_json::from_value(r.clone()))
+        .transpose()
+        .map_err(|e| format!("provenance.recipe: {e}"))
 }
 
 /// A corpus file's provenance only (the case, possibly large, is skipped).
