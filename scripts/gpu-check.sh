@@ -44,6 +44,11 @@
 #                                        compile time, tokens per case; then
 #                                        `bench judge` (the CPU judge, old and new, on this host) and
 #                                        `bench host` (the request path of production cases)
+# restarts    ~2 min build + RUNS /      DeepGEMM campaigns that crash and restart their worker all
+#             PARALLEL x BUDGET          along: RUNS (5) campaigns of BUDGET s (180) over PROFILE (all),
+#             (~10 min)                  seeds SEED+1.. (SEED 20), PARALLEL (2) at a time on the GPU, one
+#                                        worker each; fails unless every one ran its whole budget (no
+#                                        stopped_early, no exit 3); restarts, their retries, mean and max
 # hosted      ~2 min (+ DeepGEMM build   adapters served hosted (libmqa_fuzz.so in the adapter's process
 #             with KERNELS=deepgemm)     lays cases out and judges them on the device): the torch adapter
 #                                        hosted and over the plain protocol on the same CASES (25) cases
@@ -369,6 +374,44 @@ PY
     return $rc
 }
 
+# Worker restarts under a real library's crashes: no campaign may end early on one.
+check_restarts() {
+    machine
+    deepgemm_env || return 3
+    local runs=${RUNS:-5} par=${PARALLEL:-2} t=${BUDGET:-180} seed=${SEED:-20} i pids=()
+    for i in $(seq 1 "$runs"); do
+        MQA_FUZZ_EXEC_WORKERS=1 campaign "restarts-$i" --kernel deepgemm --profile "${PROFILE:-all}" \
+            --budget "$t" --seed "$((seed + i))" --repeat 1 --batch-invariance off >"$W/logs/restarts-$i.out" 2>&1 &
+        pids+=($!)
+        if [ ${#pids[@]} -ge "$par" ]; then
+            wait "${pids[0]}"
+            pids=("${pids[@]:1}")
+        fi
+    done
+    wait
+    cat "$W"/logs/restarts-*.out
+    python3 - "$W/r" "$runs" "$t" <<'PY'
+import json, os, sys
+root, runs, budget = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+bad = 0
+for i in range(1, runs + 1):
+    p = os.path.join(root, f"restarts-{i}", "report.json")
+    if not os.path.exists(p):
+        print(f"restarts-{i}: NO REPORT"); bad += 1; continue
+    r = json.load(open(p))
+    w = (r["kernels"][0].get("worker") or {})
+    k = next(iter(r["per_kernel"].values()))
+    early = r.get("stopped_early") or r.get("interrupted")
+    bad += bool(early)
+    print(f"restarts-{i}: {r['timings']['wall_secs']:.0f} s of {budget:.0f}, {k['cases']} cases run, "
+          f"{len(r['findings'])} findings; restarts {w.get('restarts')} (retries {w.get('restart_retries')}, "
+          f"mean {w.get('restart_mean_secs', 0):.3f} s, max {w.get('restart_max_secs', 0):.3f} s); "
+          f"stopped early: {early or 'no'}")
+print(f"{runs - bad} of {runs} campaigns ran their whole budget")
+sys.exit(1 if bad else 0)
+PY
+}
+
 # Real-kernel speed: the same campaigns on the old binary and this one, side by side.
 check_speed() {
     machine
@@ -579,13 +622,13 @@ checks=("$@")
 status=0
 for c in "${checks[@]}"; do
     case "$c" in
-    quick | production | deepgemm | campaigns | properties | findings | speed | hosted)
+    quick | production | deepgemm | campaigns | properties | findings | speed | hosted | restarts)
         echo "===== check $c"
         "check_$c" 2>&1 | tee "$W/logs/check-$c.log"
         [ "${PIPESTATUS[0]}" = 0 ] || status=1
         ;;
     *)
-        echo "unknown check $c (quick, production, deepgemm, campaigns, properties, findings, speed, all)" >&2
+        echo "unknown check $c (quick, production, deepgemm, campaigns, properties, findings, speed, hosted, restarts, all)" >&2
         exit 2
         ;;
     esac
