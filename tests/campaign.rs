@@ -210,3 +210,81 @@ fn clean_kernel_campaign_exits_zero_and_writes_report() {
     assert_eq!(r["per_kernel"]["cpu:chunked"]["clean"], 40);
     assert!(json_files(&d.join("corpus")).is_empty());
 }
+
+/// The KV tokens of a `cases.jsonl` line's recipe (a 2-D sequence: its longest row).
+fn recipe_tokens(line: &serde_json::Value) -> u64 {
+    let lens = &line["recipe"]["lens"];
+    let longest = |row: &serde_json::Value| row.as_u64().unwrap_or(0);
+    match lens.get("per_sequence") {
+        Some(v) => v.as_array().unwrap().iter().map(longest).sum(),
+        None => (lens["per_token"].as_array().unwrap().iter())
+            .map(|row| {
+                row.as_array()
+                    .unwrap()
+                    .iter()
+                    .map(longest)
+                    .max()
+                    .unwrap_or(0)
+            })
+            .sum(),
+    }
+}
+
+#[test]
+fn min_tokens_runs_only_the_drawn_cases_that_hold_enough_tokens() {
+    let d = tmp("min-tokens");
+    let args = |report: &'static str, extra: &[&'static str]| {
+        let mut v = vec![
+            "run",
+            "--kernel",
+            "cpu:chunked",
+            "--profile",
+            "production",
+            "--cases",
+            "40",
+            "--seed",
+            "3",
+            "--no-replay",
+            "--report",
+            report,
+        ];
+        v.extend_from_slice(extra);
+        v
+    };
+    let (code, all_out, e) = run(&d, &args("all", &["--quiet"]));
+    assert_eq!(code, 0, "{all_out}\n{e}");
+    let (code, out, e) = run(&d, &args("big", &["--min-tokens", "9000"]));
+    assert_eq!(code, 0, "{out}\n{e}");
+    let lines = |r: &str| -> Vec<serde_json::Value> {
+        (std::fs::read_to_string(d.join(r).join("cases.jsonl"))
+            .unwrap()
+            .lines())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+    };
+    // The same draws, the small ones left out: the cases run are exactly the unfiltered
+    // run's cases of 9,000 tokens or more.
+    let ks = |v: &[serde_json::Value], min: u64| -> Vec<u64> {
+        let mut k: Vec<u64> = (v.iter().filter(|l| recipe_tokens(l) >= min))
+            .map(|l| l["k"].as_u64().unwrap())
+            .collect();
+        k.sort_unstable();
+        k
+    };
+    let (all, big) = (lines("all"), lines("big"));
+    let kept = ks(&all, 9000);
+    assert!(!kept.is_empty() && kept.len() < all.len(), "{kept:?}");
+    assert_eq!(ks(&big, 0), kept);
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("big/report.json")).unwrap()).unwrap();
+    assert_eq!(r["min_tokens"], 9000);
+    assert_eq!(r["counts"]["cases_generated"], kept.len() as u64);
+    let below = (all.len() - kept.len()) as u64;
+    assert_eq!(r["counts"]["cases_below_min_tokens"], below);
+    assert!(
+        out.contains(&format!(
+            "--min-tokens 9000: {below} generated cases with fewer KV tokens did not run"
+        )),
+        "{out}"
+    );
+}

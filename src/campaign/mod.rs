@@ -51,6 +51,8 @@ pub struct Config {
     pub profile: crate::generate::Profile,
     pub budget: Option<Duration>,
     pub max_cases: Option<u64>,
+    /// `--min-tokens`: generated cases with fewer KV tokens are counted, not run.
+    pub min_tokens: Option<u64>,
     pub seed: u64,
     /// Cases run at once (default: the kernels' preferred parallelism).
     pub jobs: Option<usize>,
@@ -121,6 +123,7 @@ impl Config {
             profile: crate::generate::Profile::All,
             budget: Some(Duration::from_secs(60)),
             max_cases: None,
+            min_tokens: None,
             seed: 0,
             jobs: None,
             corpus_dir: PathBuf::from("corpus"),
@@ -360,6 +363,7 @@ impl Campaign<'_, '_> {
         let started_cases = AtomicU64::new(0);
         let left_at_deadline = AtomicU64::new(0);
         let not_run_known_crash = AtomicU64::new(0);
+        let below_min_tokens = AtomicU64::new(0);
         let deadline = self.deadline;
         let engine = self.engine;
         let known = self.known_crashes.clone();
@@ -367,14 +371,15 @@ impl Campaign<'_, '_> {
         std::thread::scope(|scope| {
             let (tx, rx) = mpsc::channel::<engine::CaseDone>();
             for _ in 0..jobs {
-                let (tx, next_k, started_cases, stop, left_at_deadline, not_run_known_crash) = (
+                let (tx, next_k, started_cases, stop, left_at_deadline) = (
                     tx.clone(),
                     &next_k,
                     &started_cases,
                     &stop,
                     &left_at_deadline,
-                    &not_run_known_crash,
                 );
+                let (not_run_known_crash, below_min_tokens) =
+                    (&not_run_known_crash, &below_min_tokens);
                 // This job's guess of a case's time, from its last case's time per unit
                 // of work, at most 1.5 times its longest case so far (a per-case
                 // overhead makes small cases look costly per unit): a case drawn near
@@ -396,11 +401,21 @@ impl Campaign<'_, '_> {
                     }
                     let k = next_k.fetch_add(1, Ordering::SeqCst) * shard_count + shard_index;
                     let seed = case_seed(cfg.seed, k);
-                    // A case predicted to hit a known crash is drawn (it counts towards
-                    // `--cases`) but, outside the share still run, not run.
-                    let keep = |r: &crate::generate::Recipe| known.not_run(r, seed).is_none();
+                    // A case under `--min-tokens`, or predicted to hit a known crash
+                    // (outside the share still run), is drawn (it counts towards
+                    // `--cases`) but not run.
+                    let mut small = false;
+                    let keep = |r: &crate::generate::Recipe| {
+                        small = cfg.min_tokens.is_some_and(|m| r.tokens() < m);
+                        !small && known.not_run(r, seed).is_none()
+                    };
                     let Some(drawn) = engine.draw_case_if(k, seed, keep) else {
-                        not_run_known_crash.fetch_add(1, Ordering::SeqCst);
+                        let why = if small {
+                            below_min_tokens
+                        } else {
+                            not_run_known_crash
+                        };
+                        why.fetch_add(1, Ordering::SeqCst);
                         continue;
                     };
                     let t0 = Instant::now();
@@ -441,6 +456,7 @@ impl Campaign<'_, '_> {
         });
         self.tally.counts.cases_left_at_deadline += left_at_deadline.into_inner();
         self.tally.counts.cases_not_run_known_crash += not_run_known_crash.into_inner();
+        self.tally.counts.cases_below_min_tokens += below_min_tokens.into_inner();
     }
 }
 

@@ -235,6 +235,7 @@ pub(super) fn new_report(engine: &Engine, started_unix: u64) -> Report {
         shard: cfg.shard,
         budget_secs: cfg.budget.map(|d| d.as_secs_f64()),
         max_cases: cfg.max_cases,
+        min_tokens: cfg.min_tokens,
         required: cfg
             .properties
             .require

@@ -434,6 +434,13 @@ pub struct RunArgs {
         allow_hyphen_values = true
     )]
     pub known_crashes: f64,
+    /// Run only generated cases whose sequences hold at least N KV tokens in all (a 2-D
+    /// sequence counts its longest row): smaller ones are drawn, counted in the report
+    /// and not run. For engine-sized cases only, e.g. a throughput figure on
+    /// `--profile production` (`--min-tokens 100000`); it leaves out the small and
+    /// all-zero batches where some bugs live.
+    #[arg(long, value_name = "N")]
+    pub min_tokens: Option<u64>,
     /// Stop generating after this many distinct findings (e.g. 1 for a quick gate).
     #[arg(long)]
     pub max_findings: Option<usize>,

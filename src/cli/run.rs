@@ -140,6 +140,7 @@ pub(super) fn cmd_run(args: RunArgs) -> Result<i32, Fatal> {
     cfg.shape_epoch = args.shape_epoch;
     cfg.deployment_epoch = args.deployment_epoch;
     cfg.known_crash_share = args.known_crashes;
+    cfg.min_tokens = args.min_tokens;
     cfg.properties = crate::property::PropertyConfig {
         repeat: args.repeat,
         batch: args.batch_invariance,
@@ -184,7 +185,7 @@ fn print_summary(r: &crate::report::Report, dir: &std::path::Path) {
         if r.interrupted { " (interrupted)" } else { "" }
     );
     crate::outln!("{}", crate::report::headline(r));
-    if let Some(l) = crate::report::headline::known_crash_line(r) {
+    for l in crate::report::headline::not_run_lines(r) {
         crate::outln!("{l}");
     }
     for l in crate::report::headline::throughput(r) {

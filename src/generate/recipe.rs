@@ -210,6 +210,16 @@ impl Recipe {
         self
     }
 
+    /// The KV tokens the case's sequences hold in all (a 2-D sequence: its longest row).
+    pub fn tokens(&self) -> u64 {
+        match &self.lens {
+            LensRecipe::PerSequence(v) => v.iter().map(|&l| l as u64).sum(),
+            LensRecipe::PerToken(v) => (v.iter())
+                .map(|row| row.iter().copied().max().unwrap_or(0) as u64)
+                .sum(),
+        }
+    }
+
     pub fn batch(&self) -> usize {
         match &self.lens {
             LensRecipe::PerSequence(v) => v.len(),

@@ -110,6 +110,7 @@ pub fn merge(reports: &[Report]) -> Report {
         .iter()
         .filter_map(|r| r.max_cases)
         .reduce(u64::saturating_add);
+    m.min_tokens = reports.iter().filter_map(|r| r.min_tokens).max();
     m.required = reports
         .iter()
         .flat_map(|r| r.required.iter().cloned())
@@ -142,6 +143,10 @@ pub fn merge(reports: &[Report]) -> Report {
         add(
             &mut m.counts.cases_not_run_known_crash,
             r.counts.cases_not_run_known_crash,
+        );
+        add(
+            &mut m.counts.cases_below_min_tokens,
+            r.counts.cases_below_min_tokens,
         );
         for (sig, c) in &r.counts.known_crashes {
             *m.counts.known_crashes.entry(sig.clone()).or_default() += c;

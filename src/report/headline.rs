@@ -526,6 +526,29 @@ pub fn guard_by_tier(r: &Report) -> String {
     format!("guard by tier: {}", parts.join("; "))
 }
 
+/// The lines on generated cases that were drawn and not run: under `--min-tokens`, and
+/// predicted known crashes.
+pub fn not_run_lines(r: &Report) -> Vec<String> {
+    [min_tokens_line(r), known_crash_line(r)]
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+/// The generated cases left out for holding fewer KV tokens than `--min-tokens`;
+/// `None` without the option.
+pub fn min_tokens_line(r: &Report) -> Option<String> {
+    let m = r.min_tokens?;
+    let cases = plural(
+        r.counts.cases_below_min_tokens,
+        "generated case",
+        "generated cases",
+    );
+    Some(format!(
+        "--min-tokens {m}: {cases} with fewer KV tokens did not run (every case run holds at least {m})"
+    ))
+}
+
 /// The generated cases left out as predicted known crashes (`--known-crashes`), per
 /// crash; `None` when none was.
 pub fn known_crash_line(r: &Report) -> Option<String> {

@@ -82,7 +82,7 @@ pub fn summary_md(r: &Report) -> String {
         let _ = writeln!(s, "| `{name}` | {} |", kernel_cells(k).join(" | "));
     }
     let _ = writeln!(s);
-    if let Some(l) = super::headline::known_crash_line(r) {
+    for l in super::headline::not_run_lines(r) {
         let _ = writeln!(s, "{l}\n");
     }
     for l in super::headline::throughput(r) {

@@ -36,6 +36,9 @@ pub struct Report {
     pub shard: Option<Shard>,
     pub budget_secs: Option<f64>,
     pub max_cases: Option<u64>,
+    /// `--min-tokens`: generated cases with fewer KV tokens were not run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub min_tokens: Option<u64>,
     /// Properties whose violation is a finding (`--require`): `deterministic`,
     /// `batch-invariant`.
     pub required: Vec<String>,
@@ -89,6 +92,8 @@ pub struct Counts {
     pub cases_left_at_deadline: u64,
     /// Generated cases not run: predicted to hit a known crash (`--known-crashes`).
     pub cases_not_run_known_crash: u64,
+    /// Generated cases not run: fewer KV tokens than `--min-tokens`.
+    pub cases_below_min_tokens: u64,
     /// Per known crash (signature): the generated cases predicted to hit it.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub known_crashes: BTreeMap<String, PredictedCrashes>,
