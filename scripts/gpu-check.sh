@@ -153,7 +153,11 @@ campaign() {
     python3 - "$W/r/$name/report.json" <<'PY' 2>/dev/null
 import json, sys
 r = json.load(open(sys.argv[1])); n = r["counts"]["cases_generated"]; w = r["timings"]["wall_secs"]
-print(f"   {n} cases in {w:.1f} s = {n / max(w, 1e-9):.2f} cases/s")
+c, k = r["counts"], next(iter(r["per_kernel"].values()), {})
+run = k.get("cases", n)  # the first kernel's cases run (its skips apart)
+print(f"   {n} cases in {w:.1f} s = {n / max(w, 1e-9):.2f} cases/s; {run} run by {next(iter(r['per_kernel']), '-')} "
+      f"= {run / max(w, 1e-9):.2f}/s, {k.get('skipped', 0)} skipped; drawn, not run: "
+      f"{c.get('cases_not_run_known_crash', 0)} predicted crashes, {c.get('cases_below_min_tokens', 0)} under --min-tokens")
 ax = r["coverage"]["axes"]
 for a in ("kv_offsets", "out_offsets", "batch", "context", "rows", "workspace", "pool", "mtp", "block_size"):
     if a in ax: print(f"   {a}: " + ", ".join(f"{k} {v}" for k, v in ax[a].items()))
@@ -559,7 +563,8 @@ for d in sys.argv[1:]:
     print(f"   {os.path.basename(d)} summed over {runs} runs (s): " + ", ".join(f"{k} {v / 1e3:.1f}" for k, v in sorted(steps.items(), key=lambda x: -x[1])))
     print("   phases (s): " + ", ".join(f"{p} {v / 1e3:.1f}" for p, v in sorted(phases.items(), key=lambda x: -x[1])[:12]))
     top = ", ".join(f"{p} {v / max(firsts, 1):.1f}" for p, v in sorted(first.items(), key=lambda x: -x[1])[:6])
-    print(f"{os.path.basename(d)}: {n} cases in {w:.0f} s = {n / max(w, 1e-9):.2f} cases/s; "
+    print(f"{os.path.basename(d)}: {n} cases in {w:.0f} s = {n / max(w, 1e-9):.2f} cases/s "
+          f"({k.get('cases', n)} run by the kernel = {k.get('cases', n) / max(w, 1e-9):.2f}/s); "
           f"kernel clock {k.get('kernel_secs', 0) - k.get('unclocked_secs', 0):.1f} s "
           f"(+ {k.get('unclocked_secs', 0):.1f} s over {k.get('unclocked_runs', 0)} runs without one), runs {k.get('run_wall_secs', 0):.1f} s, "
           f"shrink {r['timings'].get('shrink_secs', 0):.1f} s; tokens/case min {min(tok, default=0)} "
