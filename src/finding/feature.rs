@@ -172,7 +172,7 @@ impl Feature {
             }
             Feature::ZeroLengthRows => "zero-length rows".into(),
             // Some row's earlier tokens are longer (seq_lens takes each row's longest).
-            Feature::AllZeroBatch if seq_lens(r).iter().any(|&l| l > 0) => {
+            Feature::AllZeroBatch if r.seq_lens().iter().any(|&l| l > 0) => {
                 format!(
                     "a batch of {} whose rows' last lengths are all 0",
                     r.batch()
@@ -210,7 +210,7 @@ impl Feature {
 
     /// Whether the recipe has this feature.
     pub fn present(self, r: &Recipe) -> bool {
-        let seqs = seq_lens(r);
+        let seqs = r.seq_lens();
         match self {
             Feature::KvOffset2g => match r.knobs.offsets {
                 OffsetClass::Pool(p) => p.blocks.saturating_mul(p.stride) > 1 << 31,
@@ -299,7 +299,7 @@ impl Feature {
             Feature::Fp8Format => b.knobs.format = Fp8Format::E4m3fn,
             Feature::NextN2 => {
                 b.knobs.next_n = 1;
-                b.lens = LensRecipe::PerSequence(seq_lens(r));
+                b.lens = LensRecipe::PerSequence(r.seq_lens());
             }
             Feature::NextN3 => {
                 b.knobs.next_n = 2;
@@ -309,7 +309,7 @@ impl Feature {
                     );
                 }
             }
-            Feature::Lens2d => b.lens = LensRecipe::PerSequence(seq_lens(r)),
+            Feature::Lens2d => b.lens = LensRecipe::PerSequence(r.seq_lens()),
             Feature::Lens2dIrregular => {
                 if let LensRecipe::PerToken(v) = &r.lens {
                     b.lens = LensRecipe::PerToken(v.iter().map(|row| engine_row(row)).collect());
@@ -368,7 +368,7 @@ impl Feature {
                     LensRecipe::PerToken(v) => v.push(v.last().cloned().unwrap_or_default()),
                 }
                 if let OffsetClass::Pool(p) = &mut b.knobs.offsets {
-                    let last = seq_lens(r).last().copied().unwrap_or(0);
+                    let last = r.seq_lens().last().copied().unwrap_or(0);
                     let bs = r.knobs.block_size.max(1);
                     p.blocks += last.div_ceil(bs) as u64 + 1;
                 }
@@ -417,17 +417,6 @@ impl Feature {
 /// Every feature the recipe has.
 pub fn features_of(r: &Recipe) -> Vec<Feature> {
     Feature::ALL.into_iter().filter(|f| f.present(r)).collect()
-}
-
-/// Tokens of each sequence (the longest row of a 2-D sequence).
-fn seq_lens(r: &Recipe) -> Vec<usize> {
-    match &r.lens {
-        LensRecipe::PerSequence(v) => v.clone(),
-        LensRecipe::PerToken(v) => v
-            .iter()
-            .map(|row| row.iter().copied().max().unwrap_or(0))
-            .collect(),
-    }
 }
 
 /// Each row's last length (a 1-D length is its row's only one).
@@ -558,7 +547,7 @@ mod tests {
         r.materialize().validate().unwrap();
         let b = Feature::AlignedBatch.benign(&r);
         assert_eq!(b.batch(), 65);
-        assert_eq!(seq_lens(&b)[64], seq_lens(&r)[63]);
+        assert_eq!(b.seq_lens()[64], r.seq_lens()[63]);
         b.materialize().validate().unwrap();
     }
 

@@ -210,14 +210,20 @@ impl Recipe {
         self
     }
 
-    /// The KV tokens the case's sequences hold in all (a 2-D sequence: its longest row).
-    pub fn tokens(&self) -> u64 {
+    /// Tokens of each sequence (a 2-D sequence: its longest row).
+    pub fn seq_lens(&self) -> Vec<usize> {
         match &self.lens {
-            LensRecipe::PerSequence(v) => v.iter().map(|&l| l as u64).sum(),
-            LensRecipe::PerToken(v) => (v.iter())
-                .map(|row| row.iter().copied().max().unwrap_or(0) as u64)
-                .sum(),
+            LensRecipe::PerSequence(v) => v.clone(),
+            LensRecipe::PerToken(v) => v
+                .iter()
+                .map(|row| row.iter().copied().max().unwrap_or(0))
+                .collect(),
         }
+    }
+
+    /// The KV tokens the case's sequences hold in all.
+    pub fn tokens(&self) -> u64 {
+        self.seq_lens().iter().map(|&l| l as u64).sum()
     }
 
     pub fn batch(&self) -> usize {
