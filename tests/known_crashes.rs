@@ -16,9 +16,13 @@ fn tmp(name: &str) -> PathBuf {
 
 /// A 300-case campaign of seed 3 against the crashing worker; its report.json.
 fn campaign(dir: &Path, name: &str, extra: &[&str]) -> Value {
+    campaign_with(dir, name, "fault-exit-on=all-zero-batch", extra)
+}
+
+/// The same against a worker with `fault` (`cpu:chunked` underneath).
+fn campaign_with(dir: &Path, name: &str, fault: &str, extra: &[&str]) -> Value {
     let bin = env!("CARGO_BIN_EXE_mqa-fuzz");
-    let kernel =
-        format!("exec:'{bin}' worker --kernel cpu:chunked --fault fault-exit-on=all-zero-batch");
+    let kernel = format!("exec:'{bin}' worker --kernel cpu:chunked --fault {fault}");
     let mut args = vec![
         "run",
         "--kernel",
@@ -124,6 +128,77 @@ fn cases_predicted_to_hit_a_known_crash_run_at_their_share_and_all_with_share_on
         "{run_all} predicted cases run, against {run} at 1/8"
     );
     assert!(generated_all > generated);
+}
+
+/// `mqa-fuzz diff BASE CAND --json` run in `dir`: its exit code and JSON.
+fn diff(dir: &Path, base: &str, cand: &str) -> (i32, Value) {
+    let out = Command::new(env!("CARGO_BIN_EXE_mqa-fuzz"))
+        .current_dir(dir)
+        .args(["diff", base, cand, "--json", "--no-replay"])
+        .output()
+        .unwrap();
+    let json = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!("{e}: {}", String::from_utf8_lossy(&out.stdout));
+    });
+    (out.status.code().unwrap(), json)
+}
+
+#[test]
+fn diff_calls_a_crash_whose_ablation_was_cut_short_the_same_bug_and_another_crash_new() {
+    let d = tmp("diff");
+    let full = campaign(&d, "full", &[]);
+    let f = &full["findings"][0];
+    assert_eq!(f["trigger"], serde_json::json!(["all-zero-batch"]), "{f}");
+    let full_sig = f["signature"].as_str().unwrap();
+    // The same bug, its trigger never ablated (as when the shrink share runs out): the
+    // signature has no trigger, and its case has every feature the full one needs.
+    let short = campaign(&d, "short", &["--no-shrink"]);
+    let s = &short["findings"].as_array().unwrap()[..];
+    assert_eq!(s.len(), 1, "{s:#?}");
+    assert_eq!(
+        (s[0]["trigger"].clone(), s[0]["trigger_complete"].clone()),
+        (serde_json::json!([]), serde_json::json!(false))
+    );
+    let short_sig = s[0]["signature"].as_str().unwrap();
+    assert_ne!(short_sig, full_sig);
+    assert!(
+        s[0]["case_features"]
+            .as_array()
+            .unwrap()
+            .contains(&"all-zero-batch".into()),
+        "{}",
+        s[0]
+    );
+    for (base, cand) in [("full", "short"), ("short", "full")] {
+        let (code, j) = diff(&d, base, cand);
+        assert_eq!(code, 0, "{base} → {cand}: one bug, not a new one: {j}");
+        assert_eq!(j["new"], serde_json::json!([]), "{j}");
+        assert_eq!(j["unchanged"].as_array().unwrap().len(), 1, "{j}");
+        assert_eq!(j["same_bug"].as_array().unwrap().len(), 1, "{j}");
+    }
+    // A crash of the same kernel, class and reason on a case without an all-zero batch
+    // (the short report with that feature taken from its case): a second bug, new.
+    let mut other = short.clone();
+    other["findings"][0]["case_features"]
+        .as_array_mut()
+        .unwrap()
+        .retain(|f| f != "all-zero-batch");
+    std::fs::create_dir_all(d.join("other")).unwrap();
+    std::fs::write(d.join("other/report.json"), other.to_string()).unwrap();
+    let (code, j) = diff(&d, "full", "other");
+    assert_eq!(code, 1, "{j}");
+    assert_eq!(j["new"], serde_json::json!([short_sig]), "{j}");
+    // The text names the base finding a renamed one is.
+    let out = Command::new(env!("CARGO_BIN_EXE_mqa-fuzz"))
+        .current_dir(&d)
+        .args(["diff", "full", "short", "--no-replay"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(short_sig) && text.contains(&format!("(the base's {full_sig})")),
+        "{text}"
+    );
 }
 
 #[test]

@@ -351,7 +351,9 @@ fn with_signatures(sigs: &[&str]) -> Report {
         findings: sigs
             .iter()
             .map(|s| Finding {
+                // Findings of different kernels: different bugs by any rule.
                 signature: s.to_string(),
+                kernel: s.to_string(),
                 ..template.clone()
             })
             .collect(),

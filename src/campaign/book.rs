@@ -10,13 +10,13 @@ mod saved;
 
 use super::engine::divergent_verdict;
 use super::event::{Event, Source};
-use super::known_crash::may_be;
 use super::save::{replay_command, save_finding, SaveRequest};
 use super::shrink::{self, Shrunk};
-use super::subject::{ablation_outcome, localise, same_bug_classes, smaller};
+use super::subject::{ablation_outcome, localise, smaller};
 pub(super) use super::subject::{Ctx, Evidence, Failure, Subject};
 use super::Detection;
 use crate::case::Case;
+use crate::finding::signature::{explains, same_bug_classes, BugFacts};
 use crate::finding::{ablate, crash_reason, features_of, shows, Feature, Signature, Trigger};
 use crate::generate::Recipe;
 use crate::oracle::{Class, Verdict};
@@ -33,6 +33,20 @@ struct Known {
     /// Whether the trigger's ablation ran to the end.
     complete: bool,
     index: usize,
+}
+
+impl Known {
+    /// The finding as the same-bug rule reads it (as the one explaining: its trigger).
+    fn facts(&self) -> BugFacts<'_> {
+        BugFacts {
+            kernel: &self.kernel,
+            class: self.class,
+            reason: self.reason.as_deref(),
+            trigger: &self.trigger,
+            complete: self.complete,
+            features: &self.trigger,
+        }
+    }
 }
 
 #[derive(Default)]
@@ -109,13 +123,17 @@ impl Book {
             } else {
                 None
             };
+            let case = BugFacts {
+                kernel: name,
+                class: c,
+                reason: r.as_deref(),
+                trigger: &[],
+                complete: false,
+                features: feats,
+            };
             self.known
                 .iter()
-                .find(|k| {
-                    self.merged_into[k.index] == k.index
-                        && same_bug_classes(k.class, c, &k.trigger)
-                        && may_be((&k.kernel, &k.reason, &k.trigger), (name, &r, feats))
-                })
+                .find(|k| self.merged_into[k.index] == k.index && explains(&k.facts(), &case))
                 .map(|k| k.index)
         })
     }
@@ -435,6 +453,10 @@ impl Book {
         );
         finding.profile = "corpus".into();
         finding.shrink_cut_short = cut;
+        if recipe.is_none() {
+            // The stand-in recipe's features are not the case's.
+            finding.case_features.clear();
+        }
         self.add(sig, finding);
     }
 
@@ -578,6 +600,10 @@ impl Book {
                 .collect(),
             needs: trigger.sentence(),
             trigger_complete: trigger.complete,
+            case_features: features_of(&shrunk.recipe)
+                .iter()
+                .map(|f| f.name().to_string())
+                .collect(),
             reason: sig.reason.clone(),
             position: crate::finding::position::first_offender_position(
                 &shrunk.case,
@@ -640,50 +666,4 @@ fn rerun_secs(case: &Case, judgement: &super::engine::Judgement, i: usize) -> f6
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn sig(trigger: &[Feature]) -> Signature {
-        Signature {
-            kernel: "k".into(),
-            class: Class::Mismatch,
-            reason: None,
-            trigger: trigger.to_vec(),
-        }
-    }
-
-    fn book_with(trigger: &[Feature], complete: bool) -> Book {
-        let mut b = Book::default();
-        let s = sig(trigger);
-        let f = Finding {
-            signature: s.key(),
-            trigger_complete: complete,
-            ..Default::default()
-        };
-        b.add(s, f);
-        b
-    }
-
-    #[test]
-    fn a_bug_that_needs_nothing_does_not_absorb_one_that_needs_an_offset() {
-        // Known: needs nothing. New: complete ablation says it needs KV offsets ≥ 2^32.
-        let b = book_with(&[], true);
-        assert_eq!(b.same_bug(&sig(&[Feature::KvOffset4g]), true), None);
-        // Cut short, the new trigger proves nothing: the same bug.
-        assert_eq!(
-            b.same_bug(&sig(&[Feature::KvOffset4g]), false),
-            Some((0, false))
-        );
-        // Known: needs the offset (complete). New: needs nothing: another bug.
-        let b = book_with(&[Feature::KvOffset4g], true);
-        assert_eq!(b.same_bug(&sig(&[]), true), None);
-        let b = book_with(&[Feature::KvOffset4g], false);
-        assert_eq!(b.same_bug(&sig(&[]), true), Some((0, true)));
-        // A non-empty smaller trigger still generalises (the block size only looked needed).
-        let b = book_with(&[Feature::KvOffset4g, Feature::BlockSize], true);
-        assert_eq!(
-            b.same_bug(&sig(&[Feature::KvOffset4g]), true),
-            Some((0, true))
-        );
-    }
-}
+mod tests;

@@ -20,9 +20,10 @@
 //! crash predicts nothing and every case runs. A kernel that skips a case (it cannot
 //! run it) teaches nothing.
 
+use crate::finding::signature::{explains, BugFacts};
 use crate::finding::{crash_reason, features_of, Feature};
 use crate::generate::Recipe;
-use crate::oracle::Verdict;
+use crate::oracle::{Class, Verdict};
 use crate::report::PredictedCrashes;
 use std::collections::BTreeMap;
 use std::sync::{Mutex, PoisonError};
@@ -43,16 +44,6 @@ pub(super) struct KnownCrash {
     pub reason: Option<String>,
     /// The features ablation found the crash needs (maybe none).
     pub trigger: Vec<Feature>,
-}
-
-/// Whether a failure found on a kernel, with a reason (a crash's; `None` otherwise),
-/// needing a trigger, may be what happened on `on`: a kernel that failed with a reason
-/// on a case with these features. The book and the watch ask the same.
-pub(super) fn may_be(
-    (kernel, reason, trigger): (&str, &Option<String>, &[Feature]),
-    on: (&str, &Option<String>, &[Feature]),
-) -> bool {
-    kernel == on.0 && *reason == *on.1 && trigger.iter().all(|f| on.2.contains(f))
 }
 
 struct Watched {
@@ -82,7 +73,19 @@ impl Watched {
     /// Whether a crash of `reason` on `kernel`, on a case with `feats`, may be this one.
     fn explains(&self, kernel: &str, reason: &Option<String>, feats: &[Feature]) -> bool {
         let c = &self.crash;
-        self.live && may_be((&c.kernel, &c.reason, &c.trigger), (kernel, reason, feats))
+        let facts = |kernel, reason, trigger, features| BugFacts {
+            kernel,
+            class: Class::Crash,
+            reason,
+            trigger,
+            complete: false,
+            features,
+        };
+        self.live
+            && explains(
+                &facts(&c.kernel, c.reason.as_deref(), &c.trigger, &c.trigger),
+                &facts(kernel, reason.as_deref(), &[], feats),
+            )
     }
 
     /// Seen crashing that way on a generated case, and seldom anything else.

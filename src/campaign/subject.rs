@@ -9,7 +9,7 @@ use crate::finding::Feature;
 use crate::generate::Recipe;
 use crate::harness::{self, ReferenceCache};
 use crate::kernel::{Capabilities, Kernel, OutputBuffer};
-use crate::oracle::{Class, Verdict};
+use crate::oracle::Verdict;
 use crate::reference::Reference;
 use crate::report::Timings;
 use std::time::Instant;
@@ -88,21 +88,6 @@ impl Evidence {
     pub fn draw(&self, case: &Case) -> (crate::report::ClassMap, Vec<u64>) {
         crate::oracle::picture::draw(case, &self.reference, &self.caps, &self.output)
     }
-}
-
-/// Whether findings of classes `a` and `b` (with `trigger`) can be one bug: the same
-/// class; or two value classes (`mismatch`, `nan`, `inf`, `unwritten`) of a bug that
-/// needs something special: a wrapped offset reads poisoned bytes (nan) in one case and
-/// another block's values (mismatch) in the next, and one 2-D-lengths bug shows as
-/// mismatch, unwritten and nan. Crashes and contract classes stay apart.
-pub(crate) fn same_bug_classes(a: Class, b: Class, trigger: &[Feature]) -> bool {
-    let value = |c: Class| {
-        matches!(
-            c,
-            Class::Mismatch | Class::Nan | Class::Inf | Class::Unwritten
-        )
-    };
-    a == b || (!trigger.is_empty() && value(a) && value(b))
 }
 
 /// The smaller of two triggers (what two findings to be merged both need).

@@ -139,6 +139,57 @@ impl Signature {
     }
 }
 
+/// A finding as the "same bug?" question reads it: who failed and how, what ablation
+/// found it needs, and what its case has. The campaign asks it of a known finding and
+/// a newly failing case (`campaign::book`, `campaign::known_crash`); `diff` asks it of a
+/// base report's finding and a candidate's (`report::fold`).
+#[derive(Clone, Copy, Debug)]
+pub struct BugFacts<'a> {
+    pub kernel: &'a str,
+    pub class: Class,
+    /// The normalised crash reason (crashes only).
+    pub reason: Option<&'a str>,
+    /// The features ablation found necessary (none: nothing special, or not ablated).
+    pub trigger: &'a [Feature],
+    /// Whether that ablation ran to its end (false for a case not ablated at all).
+    pub complete: bool,
+    /// Every feature its case has (the trigger's among them).
+    pub features: &'a [Feature],
+}
+
+/// Whether `known`'s bug explains `other`: a campaign that knows `known` counts a
+/// failure like `other` as an occurrence of it, not as a new finding. Same kernel and
+/// crash reason, classes of one bug ([`same_bug_classes`]), and `other`'s case has every
+/// feature `known` needs (itself or a stronger one). Except: a bug whose complete
+/// ablation showed it needs nothing special does not explain one whose complete
+/// ablation showed it needs something (removing that made its case clean, which
+/// `known`'s bug would not have).
+pub fn explains(known: &BugFacts, other: &BugFacts) -> bool {
+    known.kernel == other.kernel
+        && known.reason == other.reason
+        && same_bug_classes(known.class, other.class, known.trigger)
+        && super::feature::trigger_within(known.trigger, other.features)
+        && !(known.complete
+            && known.trigger.is_empty()
+            && other.complete
+            && !other.trigger.is_empty())
+}
+
+/// Whether findings of classes `a` and `b` (with `trigger`) can be one bug: the same
+/// class; or two value classes (`mismatch`, `nan`, `inf`, `unwritten`) of a bug that
+/// needs something special: a wrapped offset reads poisoned bytes (nan) in one case and
+/// another block's values (mismatch) in the next, and one 2-D-lengths bug shows as
+/// mismatch, unwritten and nan. Crashes and contract classes stay apart.
+pub fn same_bug_classes(a: Class, b: Class, trigger: &[Feature]) -> bool {
+    let value = |c: Class| {
+        matches!(
+            c,
+            Class::Mismatch | Class::Nan | Class::Inf | Class::Unwritten
+        )
+    };
+    a == b || (!trigger.is_empty() && value(a) && value(b))
+}
+
 /// Whether `v` still shows the failure: the class and, for a crash, the same reason.
 /// This is what shrinking and ablation keep (a step that shows another crash reason
 /// is another bug).
@@ -317,6 +368,50 @@ pub fn ablate(
 mod tests {
     use super::*;
     use crate::generate::recipe::ValueKind;
+
+    #[test]
+    fn a_known_bug_explains_cases_with_its_trigger_but_not_a_bug_shown_to_need_more() {
+        use Feature::*;
+        let facts = |trigger, complete, features| BugFacts {
+            kernel: "k",
+            class: Class::Crash,
+            reason: Some("illegal memory access"),
+            trigger,
+            complete,
+            features,
+        };
+        let known = facts(&[KvOffset4g], true, &[KvOffset4g]);
+        // A case with the trigger (its stronger form counts too), ablated or not.
+        assert!(explains(
+            &known,
+            &facts(&[], false, &[KvOffset4g, BlockSize])
+        ));
+        let weaker = facts(&[KvOffset2g], true, &[KvOffset2g]);
+        assert!(explains(&weaker, &facts(&[], false, &[KvOffset4g])));
+        // Without it: another bug; with another reason or kernel: another bug.
+        assert!(!explains(&known, &facts(&[], false, &[BlockSize])));
+        let other_reason = BugFacts {
+            reason: Some("misaligned address"),
+            ..facts(&[], false, &[KvOffset4g])
+        };
+        assert!(!explains(&known, &other_reason));
+        // Needs nothing (complete) explains any case, but not one whose complete
+        // ablation showed it needs something; cut short, it proves nothing.
+        let nothing = facts(&[], true, &[]);
+        assert!(explains(&nothing, &facts(&[], false, &[BlockSize])));
+        assert!(!explains(
+            &nothing,
+            &facts(&[BlockSize], true, &[BlockSize])
+        ));
+        assert!(explains(
+            &nothing,
+            &facts(&[BlockSize], false, &[BlockSize])
+        ));
+        assert!(explains(
+            &facts(&[], false, &[]),
+            &facts(&[BlockSize], true, &[BlockSize])
+        ));
+    }
 
     /// An ablation cut short before it tried anything claims no trigger and no benign
     /// tier: a hostile-valued case stays hostile, and the sentence says why; a complete

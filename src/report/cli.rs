@@ -104,6 +104,9 @@ pub fn cmd_diff(
             "new": sigs(&d.new),
             "fixed": sigs(&d.fixed),
             "unchanged": sigs(&d.unchanged),
+            "same_bug": d.same_bug.iter()
+                .map(|(b, c)| serde_json::json!({"base": b, "candidate": c}))
+                .collect::<Vec<_>>(),
             "still_failing": sigs(&d.still_failing),
             "unconfirmed": unconfirmed,
         });

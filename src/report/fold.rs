@@ -4,6 +4,7 @@
 use super::model::*;
 use super::stats::{add, add_map};
 use crate::finding::feature::{trigger_within, Feature};
+use crate::finding::signature::{explains, BugFacts};
 use crate::shard::Shard;
 use std::collections::{BTreeSet, HashMap};
 
@@ -267,22 +268,77 @@ pub fn shard_list(shards: &[Shard]) -> String {
     v.join(" ")
 }
 
-/// New (in `cand` only), fixed (in `base` only) and unchanged findings, by signature.
+/// A report's finding as the same-bug rule reads it: its trigger and its case's
+/// features (the trigger where the report predates them). `None` where a name is not a
+/// feature this version knows: such a finding matches by its exact signature only.
+struct ReadFacts {
+    trigger: Vec<Feature>,
+    features: Vec<Feature>,
+}
+
+impl ReadFacts {
+    fn of(f: &Finding) -> Option<ReadFacts> {
+        let parse = |v: &[String]| -> Option<Vec<Feature>> {
+            v.iter().map(|s| Feature::parse(s)).collect()
+        };
+        let trigger = parse(&f.trigger)?;
+        let mut features = parse(&f.case_features)?;
+        for &t in &trigger {
+            if !features.contains(&t) {
+                features.push(t);
+            }
+        }
+        Some(ReadFacts { trigger, features })
+    }
+
+    fn facts<'a>(&'a self, f: &'a Finding) -> Option<BugFacts<'a>> {
+        Some(BugFacts {
+            kernel: &f.kernel,
+            class: f.class?,
+            reason: f.reason.as_deref(),
+            trigger: &self.trigger,
+            complete: f.trigger_complete,
+            features: &self.features,
+        })
+    }
+}
+
+/// New (in `cand` only), fixed (in `base` only) and unchanged findings. A candidate's
+/// finding is unchanged when the base has its signature, or when a base finding
+/// explains its case by the campaign's own rule ([`explains`]: the candidate's ablation
+/// was cut short, or it met the bug on a more special case), so that one bug seen twice
+/// is not a new one; `same_bug` lists those pairs.
 pub fn diff(base: &Report, cand: &Report) -> ReportDiff {
     let base_sigs: BTreeSet<&str> = base.findings.iter().map(|f| f.signature.as_str()).collect();
-    let cand_sigs: BTreeSet<&str> = cand.findings.iter().map(|f| f.signature.as_str()).collect();
+    let mut seen: BTreeSet<&str> = BTreeSet::new();
+    let read: Vec<Option<ReadFacts>> = base.findings.iter().map(ReadFacts::of).collect();
     let mut d = ReportDiff::default();
     for f in &cand.findings {
         if base_sigs.contains(f.signature.as_str()) {
+            seen.insert(&f.signature);
             d.unchanged.push(f.clone());
-        } else {
-            d.new.push(f.clone());
+            continue;
+        }
+        let mine = ReadFacts::of(f);
+        let explained_by = mine.as_ref().and_then(|m| m.facts(f)).and_then(|other| {
+            base.findings.iter().zip(&read).find_map(|(g, r)| {
+                let known = r.as_ref()?.facts(g)?;
+                explains(&known, &other).then_some(g)
+            })
+        });
+        match explained_by {
+            Some(g) => {
+                seen.insert(&g.signature);
+                d.same_bug.push((g.signature.clone(), f.signature.clone()));
+                d.unchanged.push(f.clone());
+            }
+            None => d.new.push(f.clone()),
         }
     }
     d.fixed = base
         .findings
         .iter()
-        .filter(|f| !cand_sigs.contains(f.signature.as_str()))
+        .filter(|f| !seen.contains(f.signature.as_str()))
         .cloned()
         .collect();
     d
@@ -341,6 +397,11 @@ pub fn diff_text(d: &ReportDiff) -> String {
             ));
             if matches!(label, "NEW" | "STILL-FAILS") && !f.replay_command.is_empty() {
                 s.push_str(&format!("  replay: {}", f.replay_command));
+            }
+            if label == "unchanged" {
+                if let Some((base, _)) = d.same_bug.iter().find(|(_, c)| *c == f.signature) {
+                    s.push_str(&format!("  (the base's {base})"));
+                }
             }
             if label == "UNCONFIRMED" {
                 if let Some((_, why)) = d

@@ -411,6 +411,11 @@ pub struct Finding {
     pub needs: String,
     /// False when ablation ran out of budget: a feature not in `trigger` may be needed.
     pub trigger_complete: bool,
+    /// Every feature of the shrunk case ([`crate::finding::Feature`] names; the
+    /// trigger's among them); empty for a corpus file without a recipe. `diff` reads it:
+    /// a candidate's finding whose case has every feature a base finding needs is that
+    /// bug, whatever its own ablation found.
+    pub case_features: Vec<String>,
     /// The normalised crash reason (crashes only).
     pub reason: Option<String>,
     /// Where the first offending position sits ([`crate::finding::position`]):
@@ -555,8 +560,13 @@ pub struct ReportDiff {
     /// In the base, not in the candidate, and its saved case no longer fails that way on
     /// replay (or, before [`crate::report::fold::confirm_fixed`], not yet replayed).
     pub fixed: Vec<Finding>,
-    /// In both (the candidate's copy).
+    /// In both (the candidate's copy), by signature or by the same-bug rule.
     pub unchanged: Vec<Finding>,
+    /// Of `unchanged`, those whose signature differs from the base finding they are:
+    /// `(base signature, candidate signature)`. The base finding explains the
+    /// candidate's case ([`crate::finding::signature::explains`]): an ablation cut short,
+    /// or the bug met on a more special case.
+    pub same_bug: Vec<(String, String)>,
     /// In the base, not in the candidate, but its saved case still fails that way on
     /// replay: the candidate's campaign did not meet the bug; it is not fixed.
     pub still_failing: Vec<Finding>,

@@ -9,9 +9,10 @@
 use super::{Book, Ctx, Failure, Subject};
 use crate::campaign::engine::pair_name;
 use crate::campaign::shrink::Shrunk;
-use crate::campaign::subject::{localise, same_bug_classes};
+use crate::campaign::subject::localise;
 use crate::campaign::Detection;
 use crate::case::CaseFile;
+use crate::finding::signature::same_bug_classes;
 use crate::finding::{crash_reason, shows, Feature, Signature, Trigger};
 use crate::generate::Recipe;
 use crate::oracle::Class;
