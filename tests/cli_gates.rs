@@ -668,4 +668,11 @@ fn a_saved_recipe_this_version_cannot_read_is_named_on_replay_not_ignored() {
         "{}",
         show(&out)
     );
+    // The finding says why it has no trigger: not an ablation cut short.
+    let report: Value =
+        serde_json::from_slice(&std::fs::read(d.path().join("r/report.json")).unwrap()).unwrap();
+    assert_eq!(
+        report["findings"][0]["needs"], "trigger not determined (no saved recipe)",
+        "{report}"
+    );
 }

@@ -159,6 +159,10 @@ fn diff_calls_a_crash_whose_ablation_was_cut_short_the_same_bug_and_another_cras
         (s[0]["trigger"].clone(), s[0]["trigger_complete"].clone()),
         (serde_json::json!([]), serde_json::json!(false))
     );
+    assert_eq!(
+        s[0]["needs"],
+        "trigger not determined (not ablated: --no-shrink)"
+    );
     let short_sig = s[0]["signature"].as_str().unwrap();
     assert_ne!(short_sig, full_sig);
     assert!(

@@ -416,7 +416,9 @@ impl Book {
                     None => t,
                 }
             }
-            _ => Trigger::default(),
+            Some(_) if !engine.cfg.shrink => Trigger::not_ablated("not ablated: --no-shrink"),
+            Some(_) => Trigger::not_ablated("its saved recipe does not rebuild the case"),
+            None => Trigger::not_ablated("no saved recipe"),
         };
         let sig = Signature {
             kernel: name,

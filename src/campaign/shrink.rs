@@ -164,7 +164,7 @@ pub(super) fn simplify(
     let engine = ctx.engine;
     if !engine.cfg.shrink {
         let s = Shrunk::unshrunk(&f.recipe, &f.case, &f.verdict);
-        return (s, Trigger::default(), None);
+        return (s, Trigger::not_ablated("not ablated: --no-shrink"), None);
     }
     let t0 = Instant::now();
     let grant = ctx.allowance.grant(ctx.deadline.is_some());

@@ -30,9 +30,21 @@ pub struct Trigger {
     /// request, a race), so no feature is called necessary.
     #[serde(default)]
     pub flaky: bool,
+    /// Why no ablation ran at all (`--no-shrink`, no saved recipe): said instead of
+    /// "cut short".
+    #[serde(default)]
+    pub not_ablated: Option<String>,
 }
 
 impl Trigger {
+    /// No trigger, because no ablation ran, for the reason `why`.
+    pub fn not_ablated(why: &str) -> Trigger {
+        Trigger {
+            not_ablated: Some(why.to_string()),
+            ..Trigger::default()
+        }
+    }
+
     /// The trigger of `recipe` made of `features` (implied weaker features dropped).
     pub fn new(recipe: &Recipe, mut features: Vec<Feature>, complete: bool) -> Trigger {
         let all = features.clone();
@@ -64,6 +76,7 @@ impl Trigger {
             complete,
             checked_tier: None,
             flaky: false,
+            not_ablated: None,
         }
     }
 
@@ -93,7 +106,10 @@ impl Trigger {
             (true, false) if self.flaky => {
                 "trigger not determined (the case does not fail on every run)".into()
             }
-            (true, false) => "trigger not determined (ablation cut short)".into(),
+            (true, false) => match &self.not_ablated {
+                Some(why) => format!("trigger not determined ({why})"),
+                None => "trigger not determined (ablation cut short)".into(),
+            },
             (false, false) => format!(
                 "needs at least: {} (ablation cut short)",
                 self.sentences.join("; ")
