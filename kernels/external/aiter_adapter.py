@@ -55,7 +55,7 @@ def main():
         the fork server forked it (no device is touched before)."""
         fake = getattr(pml, "MQA_FUZZ_FAKE", False)
         if not torch.cuda.is_available() and not fake:
-            raise pc.Environment("no ROCm/CUDA device visible to torch")
+            raise tc.no_device("ROCm/CUDA device")
         dev = tc.device()
         arch = torch.cuda.get_device_properties(dev).gcnArchName if dev.type == "cuda" else "fake"
         fmt = args.format if args.format != "auto" else ("e4m3fnuz" if "gfx942" in arch else "e4m3fn")

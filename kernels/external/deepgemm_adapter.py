@@ -51,7 +51,7 @@ def main():
         """Device checks, the hello and the kernel: run in each worker life, after
         the fork server forked it (no device is touched before)."""
         if not torch.cuda.is_available() and not getattr(deep_gemm, "MQA_FUZZ_FAKE", False):
-            raise pc.Environment("no CUDA device visible to torch")
+            raise tc.no_device("CUDA device")
         dev = tc.device()
         if dev.type == "cuda":
             major = torch.cuda.get_device_capability(dev)[0]

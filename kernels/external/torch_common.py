@@ -12,6 +12,18 @@ def device():
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
 
+def no_device(what):
+    """The environment refusal for a machine where torch sees no usable GPU, with
+    torch's own reason where it gives one: a GPU lost to a fault ("busy or
+    unavailable") is not the same as a machine without one."""
+    try:
+        torch.cuda.init()
+        why = ""
+    except Exception as e:  # noqa: BLE001
+        why = f": {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+    return pc.Environment(f"no {what} usable by torch{why}")
+
+
 def device_name(dev):
     if dev.type == "cuda":
         p = torch.cuda.get_device_properties(dev)
