@@ -144,7 +144,7 @@ fn diff(dir: &Path, base: &str, cand: &str) -> (i32, Value) {
 }
 
 #[test]
-fn diff_calls_a_crash_whose_ablation_was_cut_short_the_same_bug_and_another_crash_new() {
+fn diff_and_merge_take_a_crash_whose_ablation_was_cut_short_for_the_same_bug_not_another() {
     let d = tmp("diff");
     let full = campaign(&d, "full", &[]);
     let f = &full["findings"][0];
@@ -180,6 +180,20 @@ fn diff_calls_a_crash_whose_ablation_was_cut_short_the_same_bug_and_another_cras
         assert_eq!(j["unchanged"].as_array().unwrap().len(), 1, "{j}");
         assert_eq!(j["same_bug"].as_array().unwrap().len(), 1, "{j}");
     }
+    // Merged, the two are one finding with the trigger the complete ablation found.
+    let out = Command::new(env!("CARGO_BIN_EXE_mqa-fuzz"))
+        .current_dir(&d)
+        .args(["merge", "short", "full", "--out", "merged"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let merged: Value =
+        serde_json::from_slice(&std::fs::read(d.join("merged/report.json")).unwrap()).unwrap();
+    let m = merged["findings"].as_array().unwrap();
+    assert_eq!(m.len(), 1, "{m:#?}");
+    assert_eq!(m[0]["signature"].as_str(), Some(full_sig));
+    let occ = |r: &Value| r["findings"][0]["occurrences"].as_u64().unwrap();
+    assert_eq!(occ(&merged), occ(&full) + occ(&short));
     // A crash of the same kernel, class and reason on a case without an all-zero batch
     // (the short report with that feature taken from its case): a second bug, new.
     let mut other = short.clone();

@@ -15,7 +15,9 @@ fn better(a: &Finding, b: &Finding) -> bool {
 
 /// The same bug found by two shards on cases of different specialness: same kernel and
 /// crash reason, the same class (or two value classes of a bug with a trigger), and one
-/// trigger contains the other (the campaign's own rule, see `campaign::book`). The finding with the smaller trigger is kept, occurrences add.
+/// trigger contains the other (the campaign's own rule, see `campaign::book`). The finding
+/// with the smaller trigger is kept, occurrences add; but of a finding whose ablation was
+/// cut short and a complete one that explains its case ([`explains`]), the complete one.
 fn fold_special_cases(findings: &mut Vec<Finding>) {
     // By feature where the names are known (a stronger feature contains the weaker it
     // implies), else by name.
@@ -37,13 +39,26 @@ fn fold_special_cases(findings: &mut Vec<Finding>) {
             !a.trigger.is_empty() && !b.trigger.is_empty() && value(a.class) && value(b.class);
         a.kernel == b.kernel && (a.class == b.class || cross) && a.reason == b.reason
     };
+    // `b`'s ablation was cut short, and complete `a` explains `b`'s case.
+    let cut_short_of = |a: &Finding, b: &Finding| {
+        let (Some(ra), Some(rb)) = (ReadFacts::of(a), ReadFacts::of(b)) else {
+            return false;
+        };
+        match (ra.facts(a), rb.facts(b)) {
+            (Some(fa), Some(fb)) => a.trigger_complete && !b.trigger_complete && explains(&fa, &fb),
+            _ => false,
+        }
+    };
     let mut i = 0;
     while i < findings.len() {
         let general = (0..findings.len()).find(|&j| {
+            let (a, b) = (&findings[i], &findings[j]);
             j != i
-                && same(&findings[i], &findings[j])
-                && within(&findings[j].trigger, &findings[i].trigger)
-                && (!within(&findings[i].trigger, &findings[j].trigger) || j < i)
+                && same(a, b)
+                && (cut_short_of(b, a)
+                    || (!cut_short_of(a, b)
+                        && within(&b.trigger, &a.trigger)
+                        && (!within(&a.trigger, &b.trigger) || j < i)))
         });
         match general {
             Some(j) => {
