@@ -48,7 +48,9 @@
 #             PARALLEL x BUDGET          along: RUNS (5) campaigns of BUDGET s (180) over PROFILE (all),
 #             (~10 min)                  seeds SEED+1.. (SEED 20), PARALLEL (2) at a time on the GPU, one
 #                                        worker each; fails unless every one ran its whole budget (no
-#                                        stopped_early, no exit 3); restarts, their retries, mean and max
+#                                        stopped_early, no exit 3); restarts, their retries, mean and max.
+#                                        Keep PARALLEL at 2: five crashing campaigns at once took an
+#                                        H100 down (full-chip reset) within three minutes
 # hosted      ~2 min (+ DeepGEMM build   adapters served hosted (libmqa_fuzz.so in the adapter's process
 #             with KERNELS=deepgemm)     lays cases out and judges them on the device): the torch adapter
 #                                        hosted and over the plain protocol on the same CASES (25) cases
