@@ -411,10 +411,7 @@ pub struct Finding {
     pub needs: String,
     /// False when ablation ran out of budget: a feature not in `trigger` may be needed.
     pub trigger_complete: bool,
-    /// Every feature of the shrunk case ([`crate::finding::Feature`] names; the
-    /// trigger's among them); empty for a corpus file without a recipe. `diff` reads it:
-    /// a candidate's finding whose case has every feature a base finding needs is that
-    /// bug, whatever its own ablation found.
+    /// Every feature of the shrunk case, the trigger's among them (`diff`, `merge`).
     pub case_features: Vec<String>,
     /// The normalised crash reason (crashes only).
     pub reason: Option<String>,
@@ -562,10 +559,8 @@ pub struct ReportDiff {
     pub fixed: Vec<Finding>,
     /// In both (the candidate's copy), by signature or by the same-bug rule.
     pub unchanged: Vec<Finding>,
-    /// Of `unchanged`, those whose signature differs from the base finding they are:
-    /// `(base signature, candidate signature)`. The base finding explains the
-    /// candidate's case ([`crate::finding::signature::explains`]): an ablation cut short,
-    /// or the bug met on a more special case.
+    /// Of `unchanged`, `(base, candidate)` signatures that differ though the base finding
+    /// explains the candidate's case ([`crate::finding::signature::explains`]).
     pub same_bug: Vec<(String, String)>,
     /// In the base, not in the candidate, but its saved case still fails that way on
     /// replay: the candidate's campaign did not meet the bug; it is not fixed.
