@@ -12,7 +12,7 @@ use super::engine::divergent_verdict;
 use super::event::{Event, Source};
 use super::save::{replay_command, save_finding, SaveRequest};
 use super::shrink::{self, Shrunk};
-use super::subject::{ablation_outcome, localise, smaller};
+use super::subject::{ablation_outcome, localise};
 pub(super) use super::subject::{Ctx, Evidence, Failure, Subject};
 use super::Detection;
 use crate::case::Case;
@@ -476,7 +476,11 @@ impl Book {
         self.known.iter().find_map(|k| {
             if self.merged_into[k.index] != k.index
                 || k.kernel != sig.kernel
-                || !same_bug_classes(k.class, sig.class, smaller(&k.trigger, &sig.trigger))
+                || !same_bug_classes(
+                    k.class,
+                    sig.class,
+                    !k.trigger.is_empty() && !sig.trigger.is_empty(),
+                )
                 || k.reason != sig.reason
             {
                 return None;
@@ -508,7 +512,7 @@ impl Book {
             .filter(|k| {
                 self.merged_into[k.index] == k.index
                     && k.kernel == sig.kernel
-                    && same_bug_classes(k.class, sig.class, &sig.trigger)
+                    && same_bug_classes(k.class, sig.class, !sig.trigger.is_empty())
                     && k.reason == sig.reason
                     && within(&sig.trigger, &k.trigger)
                     && !(sig.trigger.is_empty() && !k.trigger.is_empty() && k.complete)

@@ -5,7 +5,6 @@
 use super::engine::{divergent_verdict, diverges, pair_name, Engine};
 use super::progress::Progress;
 use crate::case::Case;
-use crate::finding::Feature;
 use crate::generate::Recipe;
 use crate::harness::{self, ReferenceCache};
 use crate::kernel::{Capabilities, Kernel, OutputBuffer};
@@ -87,15 +86,6 @@ impl Evidence {
     /// The class map and error histogram of `case` (the case this output is of).
     pub fn draw(&self, case: &Case) -> (crate::report::ClassMap, Vec<u64>) {
         crate::oracle::picture::draw(case, &self.reference, &self.caps, &self.output)
-    }
-}
-
-/// The smaller of two triggers (what two findings to be merged both need).
-pub(super) fn smaller<'t>(a: &'t [Feature], b: &'t [Feature]) -> &'t [Feature] {
-    if a.len() <= b.len() {
-        a
-    } else {
-        b
     }
 }
 

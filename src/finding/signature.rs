@@ -183,7 +183,7 @@ pub struct BugFacts<'a> {
 pub fn explains(known: &BugFacts, other: &BugFacts) -> bool {
     known.kernel == other.kernel
         && known.reason == other.reason
-        && same_bug_classes(known.class, other.class, known.trigger)
+        && same_bug_classes(known.class, other.class, !known.trigger.is_empty())
         && super::feature::trigger_within(known.trigger, other.features)
         && !(known.complete
             && known.trigger.is_empty()
@@ -191,19 +191,19 @@ pub fn explains(known: &BugFacts, other: &BugFacts) -> bool {
             && !other.trigger.is_empty())
 }
 
-/// Whether findings of classes `a` and `b` (with `trigger`) can be one bug: the same
-/// class; or two value classes (`mismatch`, `nan`, `inf`, `unwritten`) of a bug that
-/// needs something special: a wrapped offset reads poisoned bytes (nan) in one case and
+/// Whether findings of classes `a` and `b` can be one bug: the same class; or, when
+/// both need something special (`special`: their triggers are not empty), two value
+/// classes (`mismatch`, `nan`, `inf`, `unwritten`): a wrapped offset reads poisoned bytes (nan) in one case and
 /// another block's values (mismatch) in the next, and one 2-D-lengths bug shows as
 /// mismatch, unwritten and nan. Crashes and contract classes stay apart.
-pub fn same_bug_classes(a: Class, b: Class, trigger: &[Feature]) -> bool {
+pub fn same_bug_classes(a: Class, b: Class, special: bool) -> bool {
     let value = |c: Class| {
         matches!(
             c,
             Class::Mismatch | Class::Nan | Class::Inf | Class::Unwritten
         )
     };
-    a == b || (!trigger.is_empty() && value(a) && value(b))
+    a == b || (special && value(a) && value(b))
 }
 
 /// Whether `v` still shows the failure: the class and, for a crash, the same reason.

@@ -4,7 +4,7 @@
 use super::model::*;
 use super::stats::{add, add_map};
 use crate::finding::feature::{trigger_within, Feature};
-use crate::finding::signature::{explains, BugFacts};
+use crate::finding::signature::{explains, same_bug_classes, BugFacts};
 use crate::shard::Shard;
 use std::collections::{BTreeSet, HashMap};
 
@@ -31,13 +31,12 @@ fn fold_special_cases(findings: &mut Vec<Finding>) {
         }
     };
     let same = |a: &Finding, b: &Finding| {
-        let value = |c: Option<crate::oracle::Class>| {
-            use crate::oracle::Class::*;
-            matches!(c, Some(Mismatch | Nan | Inf | Unwritten))
+        let special = !a.trigger.is_empty() && !b.trigger.is_empty();
+        let classes = match (a.class, b.class) {
+            (Some(x), Some(y)) => same_bug_classes(x, y, special),
+            (x, y) => x == y,
         };
-        let cross =
-            !a.trigger.is_empty() && !b.trigger.is_empty() && value(a.class) && value(b.class);
-        a.kernel == b.kernel && (a.class == b.class || cross) && a.reason == b.reason
+        a.kernel == b.kernel && classes && a.reason == b.reason
     };
     // `b`'s ablation was cut short, and complete `a` explains `b`'s case.
     let cut_short_of = |a: &Finding, b: &Finding| {

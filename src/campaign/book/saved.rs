@@ -155,7 +155,7 @@ impl Book {
                 && e.reason == crash.clone().filter(|_| e.class == Class::Crash)
                 && classes
                     .iter()
-                    .any(|&c| same_bug_classes(e.class, c, &e.trigger))
+                    .any(|&c| same_bug_classes(e.class, c, !e.trigger.is_empty()))
                 && e.trigger.iter().all(|x| feats.contains(x))
         })?;
         self.saved[j].done = true;
