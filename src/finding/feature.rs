@@ -210,7 +210,6 @@ impl Feature {
 
     /// Whether the recipe has this feature.
     pub fn present(self, r: &Recipe) -> bool {
-        let seqs = r.seq_lens();
         match self {
             Feature::KvOffset2g => match r.knobs.offsets {
                 OffsetClass::Pool(p) => p.blocks.saturating_mul(p.stride) > 1 << 31,
@@ -235,7 +234,10 @@ impl Feature {
                 LensRecipe::PerToken(v) => v.iter().any(|row| row.windows(2).any(|w| w[1] < w[0])),
                 LensRecipe::PerSequence(_) => false,
             },
-            Feature::ZeroLengthRows => seqs.contains(&0) && seqs.iter().any(|&l| l > 0),
+            Feature::ZeroLengthRows => {
+                let seqs = r.seq_lens();
+                seqs.contains(&0) && seqs.iter().any(|&l| l > 0)
+            }
             Feature::AllZeroBatch => last_lens(r).iter().all(|&l| l == 0),
             Feature::AlignedBatch => {
                 r.batch() >= ALIGNED_BATCH && r.batch().is_multiple_of(ALIGNED_BATCH)
