@@ -121,15 +121,6 @@ pub struct Options {
     pub workdir: Option<PathBuf>,
 }
 
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    if v.is_empty() {
-        f64::NAN
-    } else {
-        v[v.len() / 2]
-    }
-}
-
 /// The kernels a selftest fuzzes: planted bugs, clean kernels and the double-bug kernel
 /// of each backend that can run here, and why the others cannot.
 struct Chosen {
@@ -217,9 +208,10 @@ pub fn run(opt: &Options) -> Result<i32, Fatal> {
             }
             report.bugs.push(run);
         }
-        report
-            .median_secs_to_detect
-            .insert(name.clone(), median(&mut times));
+        report.median_secs_to_detect.insert(
+            name.clone(),
+            crate::util::median(&mut times).unwrap_or(f64::NAN),
+        );
     }
     for name in &bugs {
         if crate::interrupt::requested() {

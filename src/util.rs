@@ -104,6 +104,12 @@ pub fn shell_quote(s: &str) -> String {
     }
 }
 
+/// The middle of `v` once sorted (the upper one of two); `None` when empty.
+pub fn median(v: &mut [f64]) -> Option<f64> {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied()
+}
+
 /// Thousands separators, so that 1234567 logits read at a glance.
 pub fn group(n: u64) -> String {
     let s = n.to_string();
@@ -120,6 +126,13 @@ pub fn group(n: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::shell_quote;
+
+    #[test]
+    fn median_takes_the_middle_of_the_sorted_values() {
+        assert_eq!(super::median(&mut [3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(super::median(&mut [4.0, 1.0, 3.0, 2.0]), Some(3.0));
+        assert_eq!(super::median(&mut []), None);
+    }
 
     #[test]
     fn utc_stamp_known_dates() {

@@ -47,8 +47,7 @@ impl Steps {
     fn median(all: &[Steps]) -> Steps {
         let of = |f: fn(&Steps) -> f64| {
             let mut v: Vec<f64> = all.iter().map(f).collect();
-            v.sort_by(f64::total_cmp);
-            v.get(v.len() / 2).copied().unwrap_or(0.0)
+            crate::util::median(&mut v).unwrap_or(0.0)
         };
         Steps {
             materialize_s: of(|s| s.materialize_s),

@@ -168,7 +168,7 @@ pub enum Bench {
     /// Time the host side of full-scale production cases, the CPU work around each
     /// launch of a cuda: campaign: materialising the case, validating it, the harness
     /// writing the request into a shared region and the worker reading it back (checked
-    /// equal). Prints each step summed, per case and on the slowest case.
+    /// equal). Prints each step summed, per case (mean and median) and on the slowest case.
     Host {
         /// Production cases to time.
         #[arg(long, default_value_t = 40)]
