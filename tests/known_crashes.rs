@@ -206,6 +206,11 @@ fn diff_and_merge_take_a_crash_whose_ablation_was_cut_short_for_the_same_bug_not
     let (code, j) = diff(&d, "full", "other");
     assert_eq!(code, 1, "{j}");
     assert_eq!(j["new"], serde_json::json!([short_sig]), "{j}");
+    // The other way round: that trigger-less base finding, whose case had no all-zero
+    // batch, does not hide a candidate bug shown to need one (its bug cannot be it).
+    let (code, j) = diff(&d, "other", "full");
+    assert_eq!(code, 1, "a trigger-less base finding hid a new bug: {j}");
+    assert_eq!(j["new"], serde_json::json!([full_sig]), "{j}");
     // The text names the base finding a renamed one is.
     let out = Command::new(env!("CARGO_BIN_EXE_mqa-fuzz"))
         .current_dir(&d)

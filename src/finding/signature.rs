@@ -175,20 +175,33 @@ pub struct BugFacts<'a> {
 
 /// Whether `known`'s bug explains `other`: a campaign that knows `known` counts a
 /// failure like `other` as an occurrence of it, not as a new finding. Same kernel and
-/// crash reason, classes of one bug ([`same_bug_classes`]), and `other`'s case has every
-/// feature `known` needs (itself or a stronger one). Except: a bug whose complete
-/// ablation showed it needs nothing special does not explain one whose complete
-/// ablation showed it needs something (removing that made its case clean, which
-/// `known`'s bug would not have).
+/// crash reason, classes of one bug ([`same_bug_classes`]), `other`'s case has every
+/// feature `known` needs (itself or a stronger one), and `other`'s own ablation does
+/// not show it is another bug ([`shown_apart`]).
 pub fn explains(known: &BugFacts, other: &BugFacts) -> bool {
     known.kernel == other.kernel
         && known.reason == other.reason
         && same_bug_classes(known.class, other.class, !known.trigger.is_empty())
         && super::feature::trigger_within(known.trigger, other.features)
-        && !(known.complete
-            && known.trigger.is_empty()
-            && other.complete
-            && !other.trigger.is_empty())
+        && !shown_apart(known, other)
+}
+
+/// Whether `other`'s complete ablation shows it is not `known`'s bug. Each feature of
+/// its trigger is needed: taking it away made its case clean, so `known`'s bug, were it
+/// this one, would need that feature too. What `known` can need: its trigger when its
+/// ablation was complete (so one that needs nothing special is apart from any `other`
+/// that needs something); when cut short or never run, no more than the features its
+/// own failing case has. A `known` with no recorded case features (a report or corpus
+/// file without them) shows nothing: it could need anything.
+fn shown_apart(known: &BugFacts, other: &BugFacts) -> bool {
+    if !other.complete || other.trigger.is_empty() {
+        return false;
+    }
+    if known.complete {
+        known.trigger.is_empty()
+    } else {
+        !known.features.is_empty() && !super::feature::trigger_within(other.trigger, known.features)
+    }
 }
 
 /// Whether findings of classes `a` and `b` can be one bug: the same class; or, when
@@ -422,6 +435,35 @@ mod tests {
         assert!(explains(
             &nothing,
             &facts(&[BlockSize], false, &[BlockSize])
+        ));
+        // Cut short or never ablated, a bug needs no more than its case has: a case
+        // without block size 1 failing does not explain a bug shown to need it, a case
+        // with it may; with no case features recorded, anything may be needed.
+        let cut_short = facts(&[], false, &[HostileValues]);
+        assert!(!explains(
+            &cut_short,
+            &facts(&[BlockSize], true, &[BlockSize, HostileValues])
+        ));
+        assert!(explains(
+            &cut_short,
+            &facts(&[HostileValues], true, &[BlockSize, HostileValues])
+        ));
+        assert!(explains(
+            &cut_short,
+            &facts(&[BlockSize], false, &[BlockSize, HostileValues])
+        ));
+        let at_least = facts(&[KvOffset4g], false, &[KvOffset4g, BlockSize]);
+        assert!(explains(
+            &at_least,
+            &facts(&[KvOffset4g, BlockSize], true, &[KvOffset4g, BlockSize])
+        ));
+        assert!(!explains(
+            &at_least,
+            &facts(
+                &[KvOffset4g, HostileValues],
+                true,
+                &[KvOffset4g, HostileValues]
+            )
         ));
         assert!(explains(
             &facts(&[], false, &[]),
