@@ -15,6 +15,12 @@ pub const GUARD_ELEMS: usize = 4096;
 const RECYCLE_MIN_ELEMS: usize = 16 << 20;
 /// Recycled allocations kept at most (one per concurrent case of a CPU campaign).
 const SPARE_MAX: usize = 2;
+/// The capacity a recycled allocation is made with, at least (4 GiB, the largest
+/// engine workspace the production profile draws). Only address space: a page is
+/// backed when first written, so a later, larger case faults in only what it adds,
+/// where a fresh allocation of its own size would fault in all of it again (the page
+/// faults, not the poisoning, were most of a CPU campaign's output-buffer time).
+const RECYCLE_RESERVE_ELEMS: usize = 1 << 30;
 
 static SPARE: std::sync::Mutex<Vec<Vec<f32>>> = std::sync::Mutex::new(Vec::new());
 
@@ -27,12 +33,9 @@ fn poisoned(n: usize) -> Vec<f32> {
     }
     let spare = {
         let mut s = SPARE.lock().unwrap_or_else(|e| e.into_inner());
-        let best = (0..s.len())
-            .filter(|&i| s[i].capacity() >= n)
-            .min_by_key(|&i| s[i].capacity());
-        best.map(|i| s.swap_remove(i))
+        pick_spare(&s, n).map(|i| s.swap_remove(i))
     };
-    let mut v = spare.unwrap_or_default();
+    let mut v = spare.unwrap_or_else(|| reserved(n));
     v.clear();
     v.reserve_exact(n);
     v.spare_capacity_mut()[..n]
@@ -45,6 +48,28 @@ fn poisoned(n: usize) -> Vec<f32> {
     // SAFETY: the first `n` elements were initialised just above.
     unsafe { v.set_len(n) };
     v
+}
+
+/// A new, empty allocation to recycle, for `n` elements and at least
+/// [`RECYCLE_RESERVE_ELEMS`] (the case's own size where the address space is limited,
+/// `ulimit -v`).
+fn reserved(n: usize) -> Vec<f32> {
+    let mut v = Vec::new();
+    let _ = v.try_reserve_exact(n.max(RECYCLE_RESERVE_ELEMS));
+    v
+}
+
+/// The spare allocation `n` elements go into: of those that fit, the one its last case
+/// used most of (its pages are backed already), then the smallest.
+fn pick_spare(spares: &[Vec<f32>], n: usize) -> Option<usize> {
+    (0..spares.len())
+        .filter(|&i| spares[i].capacity() >= n)
+        .max_by_key(|&i| {
+            (
+                spares[i].len().min(n),
+                std::cmp::Reverse(spares[i].capacity()),
+            )
+        })
 }
 
 /// Memory an output buffer can live in other than a heap allocation of its own: a
@@ -299,18 +324,49 @@ impl Drop for OutputBuffer {
             return;
         }
         let v = std::mem::take(data);
-        let mut s = SPARE.lock().unwrap_or_else(|e| e.into_inner());
-        s.push(v);
-        if s.len() > SPARE_MAX {
-            let smallest = (0..s.len()).min_by_key(|&i| s[i].capacity()).unwrap_or(0);
-            s.swap_remove(smallest);
-        }
+        let evicted = {
+            let mut s = SPARE.lock().unwrap_or_else(|e| e.into_inner());
+            s.push(v);
+            // The smallest goes, of equal ones the least used ([`poisoned`]'s choice).
+            let smallest = (0..s.len()).min_by_key(|&i| (s[i].capacity(), s[i].len()));
+            (s.len() > SPARE_MAX).then(|| s.swap_remove(smallest.unwrap_or(0)))
+        };
+        // Unmapped outside the lock: gigabytes take a while.
+        drop(evicted);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A recycled allocation is reserved large, so that a larger case later reuses it
+    /// (faulting in only what it adds); reused, it is poisoned again all through.
+    #[test]
+    fn recycled_output_allocations_grow_in_place_and_come_back_poisoned() {
+        assert!(reserved(RECYCLE_MIN_ELEMS).capacity() >= RECYCLE_RESERVE_ELEMS);
+        let mut a = OutputBuffer::new(1, RECYCLE_MIN_ELEMS, RECYCLE_MIN_ELEMS);
+        a.interior_mut().fill(1.0);
+        drop(a);
+        let b = OutputBuffer::new(2, RECYCLE_MIN_ELEMS, RECYCLE_MIN_ELEMS);
+        assert!(b.raw().0.iter().all(|x| x.to_bits() == POISON_BITS));
+
+        let spare = |len: usize, cap: usize| {
+            let mut v = Vec::with_capacity(cap);
+            v.resize(len, 0.0f32);
+            v
+        };
+        // The most used that fits; of equally used, the smallest; none too small.
+        let s = [
+            spare(10, 100),
+            spare(40, 200),
+            spare(40, 100),
+            spare(30, 50),
+        ];
+        assert_eq!(pick_spare(&s, 60), Some(2));
+        assert_eq!(pick_spare(&s, 150), Some(1));
+        assert_eq!(pick_spare(&s, 300), None);
+    }
 
     #[test]
     fn pristine_until_written_and_again_after_repoison() {
