@@ -115,9 +115,10 @@ pub fn time_interleaved(
     times.into_iter().map(best_and_median).collect()
 }
 
+/// The fastest of `times` and their median (`util::median` sorts them first).
 fn best_and_median(mut times: Vec<f64>) -> (f64, f64) {
-    times.sort_by(f64::total_cmp);
-    (times[0], times[times.len() / 2])
+    let median = crate::util::median(&mut times).unwrap_or(f64::NAN);
+    (times.first().copied().unwrap_or(f64::NAN), median)
 }
 
 #[derive(Clone, Debug, Serialize)]
