@@ -635,6 +635,59 @@ fn merge_folds_a_stronger_offset_band_into_the_weaker() {
     );
 }
 
+/// A bug shown to need something is not folded into one that could not have needed it:
+/// one whose complete ablation needs nothing special, or one never ablated whose case
+/// lacked that feature (its bug cannot be the other). Never ablated on a case that had the
+/// feature, it is that bug, folded into the complete finding.
+#[test]
+fn merge_keeps_a_bug_shown_to_need_a_feature_apart_from_one_that_could_not_need_it() {
+    let base = with_signatures(&["x"]);
+    let f = |sig: &str, trigger: &[&str], complete: bool, case: &[&str]| Finding {
+        signature: sig.into(),
+        trigger: trigger.iter().map(|s| s.to_string()).collect(),
+        trigger_complete: complete,
+        case_features: case.iter().map(|s| s.to_string()).collect(),
+        occurrences: 1,
+        class: Some(Class::Nan),
+        ..base.findings[0].clone()
+    };
+    let shard = |k: u32, findings: Vec<Finding>| Report {
+        shard: Some(Shard { index: k, count: 2 }),
+        findings,
+        ..base.clone()
+    };
+    let needs_layout = || f("k|nan|needs:layout", &["layout"], true, &["layout"]);
+    let sigs = |m: &Report| {
+        let mut v: Vec<(String, u64)> = m
+            .findings
+            .iter()
+            .map(|f| (f.signature.clone(), f.occurrences))
+            .collect();
+        v.sort();
+        v
+    };
+    let apart = |other: Finding| {
+        let m = merge(&[shard(0, vec![other]), shard(1, vec![needs_layout()])]);
+        assert_eq!(
+            sigs(&m),
+            [
+                ("k|nan".to_string(), 1),
+                ("k|nan|needs:layout".to_string(), 1)
+            ]
+        );
+    };
+    apart(f("k|nan", &[], true, &["hostile-values"]));
+    apart(f("k|nan", &[], false, &["hostile-values"]));
+    let m = merge(&[
+        shard(
+            0,
+            vec![f("k|nan", &[], false, &["layout", "hostile-values"])],
+        ),
+        shard(1, vec![needs_layout()]),
+    ]);
+    assert_eq!(sigs(&m), [("k|nan|needs:layout".to_string(), 2)]);
+}
+
 /// Counts in a report come from a file another machine wrote: shards whose every count
 /// is `u64::MAX` (or that contradict each other) merge and render without an overflow (tests build with overflow checks:
 /// an unchecked `+` panics here), and the sums stay at `u64::MAX`.

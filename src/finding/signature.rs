@@ -193,7 +193,7 @@ pub fn explains(known: &BugFacts, other: &BugFacts) -> bool {
 /// that needs something); when cut short or never run, no more than the features its
 /// own failing case has. A `known` with no recorded case features (a report or corpus
 /// file without them) shows nothing: it could need anything.
-fn shown_apart(known: &BugFacts, other: &BugFacts) -> bool {
+pub fn shown_apart(known: &BugFacts, other: &BugFacts) -> bool {
     if !other.complete || other.trigger.is_empty() {
         return false;
     }

@@ -4,7 +4,7 @@
 use super::model::*;
 use super::stats::{add, add_map};
 use crate::finding::feature::{trigger_within, Feature};
-use crate::finding::signature::{explains, same_bug_classes, BugFacts};
+use crate::finding::signature::{explains, same_bug_classes, shown_apart, BugFacts};
 use crate::shard::Shard;
 use std::collections::{BTreeSet, HashMap};
 
@@ -17,7 +17,8 @@ fn better(a: &Finding, b: &Finding) -> bool {
 /// crash reason, the same class (or two value classes of a bug with a trigger), and one
 /// trigger contains the other (the campaign's own rule, see `campaign::book`). The finding
 /// with the smaller trigger is kept, occurrences add; but of a finding whose ablation was
-/// cut short and a complete one that explains its case ([`explains`]), the complete one.
+/// cut short and a complete one that explains its case ([`explains`]), the complete one;
+/// and a finding shown to need a feature the other could not have needed stays apart.
 fn fold_special_cases(findings: &mut Vec<Finding>) {
     // By feature where the names are known (a stronger feature contains the weaker it
     // implies), else by name.
@@ -48,6 +49,17 @@ fn fold_special_cases(findings: &mut Vec<Finding>) {
             _ => false,
         }
     };
+    // `a`'s complete ablation shows it is not `b`'s bug ([`shown_apart`]): `b` needs
+    // nothing special, or was never ablated on a case without a feature `a` needs.
+    let apart = |a: &Finding, b: &Finding| {
+        let (Some(ra), Some(rb)) = (ReadFacts::of(a), ReadFacts::of(b)) else {
+            return false;
+        };
+        match (ra.facts(a), rb.facts(b)) {
+            (Some(fa), Some(fb)) => shown_apart(&fb, &fa),
+            _ => false,
+        }
+    };
     let mut i = 0;
     while i < findings.len() {
         let general = (0..findings.len()).find(|&j| {
@@ -56,6 +68,7 @@ fn fold_special_cases(findings: &mut Vec<Finding>) {
                 && same(a, b)
                 && (cut_short_of(b, a)
                     || (!cut_short_of(a, b)
+                        && !apart(a, b)
                         && within(&b.trigger, &a.trigger)
                         && (!within(&a.trigger, &b.trigger) || j < i)))
         });
