@@ -445,6 +445,15 @@ fn bad_report_json_is_exit_2_naming_file_and_field() {
             "report_version",
         ),
         ("garbage".to_string(), "(top level)"),
+        // Truncated inside a key: the key is not known yet, the object it is in is.
+        (
+            text[..text.find("\"counts\"").unwrap() + 4].to_string(),
+            "field (top level): file is truncated",
+        ),
+        (
+            text[..text.find("\"cases_generated\"").unwrap() + 4].to_string(),
+            "field counts (a key): file is truncated",
+        ),
     ];
     for (bad, field) in cases {
         assert_ne!(bad, text);

@@ -119,13 +119,24 @@ pub const MAX_REPORT_BYTES: u64 = 1 << 30;
 pub fn parse(path: &Path, text: &[u8]) -> Result<Report, Fatal> {
     let de = &mut serde_json::Deserializer::from_slice(text);
     let report: Report = serde_path_to_error::deserialize(de).map_err(|e| {
-        let field = e.path().to_string();
-        let field = if field == "." || field.is_empty() {
-            "(top level)".to_string()
-        } else {
-            field
+        // The path ends in `?` where the error was in a key, not yet known.
+        let field = match e.path().to_string() {
+            f if matches!(f.as_str(), "" | "." | "?") => "(top level)".to_string(),
+            f => match f.strip_suffix(".?") {
+                Some(parent) => format!("{parent} (a key)"),
+                None => f,
+            },
         };
-        Fatal::usage(format!("{}: field {field}: {}", path.display(), e.inner()))
+        let inner = e.inner();
+        let truncated = if inner.is_eof() {
+            "file is truncated: "
+        } else {
+            ""
+        };
+        Fatal::usage(format!(
+            "{}: field {field}: {truncated}{inner}",
+            path.display()
+        ))
     })?;
     if report.report_version == 0 {
         return Err(Fatal::usage(format!(
