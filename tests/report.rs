@@ -604,6 +604,15 @@ fn big_cases_aggregate_cells_keeping_the_worst_class() {
     );
 }
 
+/// Shard `k` of two, `base` with `findings`.
+fn shard_of_two(base: &Report, k: u32, findings: Vec<Finding>) -> Report {
+    Report {
+        shard: Some(Shard { index: k, count: 2 }),
+        findings,
+        ..base.clone()
+    }
+}
+
 /// Two shards that found one bug on cases past 2^31 and past 2^32 (triggers
 /// `kv-offset-2g` and `kv-offset-4g`: the stronger band implies the weaker) merge into
 /// one finding, the more general one, their occurrences added; an unrelated trigger
@@ -618,11 +627,7 @@ fn merge_folds_a_stronger_offset_band_into_the_weaker() {
         class: Some(Class::Nan),
         ..base.findings[0].clone()
     };
-    let shard = |k: u32, findings: Vec<Finding>| Report {
-        shard: Some(Shard { index: k, count: 2 }),
-        findings,
-        ..base.clone()
-    };
+    let shard = |k: u32, findings: Vec<Finding>| shard_of_two(&base, k, findings);
     let m = merge(&[
         shard(0, vec![f("k|nan|needs:kv-offset-4g", &["kv-offset-4g"], 2)]),
         shard(
@@ -660,11 +665,7 @@ fn merge_keeps_a_bug_shown_to_need_a_feature_apart_from_one_that_could_not_need_
         class: Some(Class::Nan),
         ..base.findings[0].clone()
     };
-    let shard = |k: u32, findings: Vec<Finding>| Report {
-        shard: Some(Shard { index: k, count: 2 }),
-        findings,
-        ..base.clone()
-    };
+    let shard = |k: u32, findings: Vec<Finding>| shard_of_two(&base, k, findings);
     let needs_layout = || f("k|nan|needs:layout", &["layout"], true, &["layout"]);
     let sigs = |m: &Report| {
         let mut v: Vec<(String, u64)> = m

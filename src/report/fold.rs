@@ -41,25 +41,11 @@ fn fold_special_cases(findings: &mut Vec<Finding>) {
     };
     // `b`'s ablation was cut short, and complete `a` explains `b`'s case.
     let cut_short_of = |a: &Finding, b: &Finding| {
-        let (Some(ra), Some(rb)) = (ReadFacts::of(a), ReadFacts::of(b)) else {
-            return false;
-        };
-        match (ra.facts(a), rb.facts(b)) {
-            (Some(fa), Some(fb)) => a.trigger_complete && !b.trigger_complete && explains(&fa, &fb),
-            _ => false,
-        }
+        a.trigger_complete && !b.trigger_complete && ReadFacts::pair(a, b, explains)
     };
     // `a`'s complete ablation shows it is not `b`'s bug ([`shown_apart`]): `b` needs
     // nothing special, or was never ablated on a case without a feature `a` needs.
-    let apart = |a: &Finding, b: &Finding| {
-        let (Some(ra), Some(rb)) = (ReadFacts::of(a), ReadFacts::of(b)) else {
-            return false;
-        };
-        match (ra.facts(a), rb.facts(b)) {
-            (Some(fa), Some(fb)) => shown_apart(&fb, &fa),
-            _ => false,
-        }
-    };
+    let apart = |a: &Finding, b: &Finding| ReadFacts::pair(a, b, |fa, fb| shown_apart(fb, fa));
     let mut i = 0;
     while i < findings.len() {
         let general = (0..findings.len()).find(|&j| {
@@ -316,6 +302,17 @@ impl ReadFacts {
             }
         }
         Some(ReadFacts { trigger, features })
+    }
+
+    /// `test` of the two findings' facts; false where either cannot be read.
+    fn pair(a: &Finding, b: &Finding, test: impl Fn(&BugFacts, &BugFacts) -> bool) -> bool {
+        let (Some(ra), Some(rb)) = (ReadFacts::of(a), ReadFacts::of(b)) else {
+            return false;
+        };
+        match (ra.facts(a), rb.facts(b)) {
+            (Some(fa), Some(fb)) => test(&fa, &fb),
+            _ => false,
+        }
     }
 
     fn facts<'a>(&'a self, f: &'a Finding) -> Option<BugFacts<'a>> {
